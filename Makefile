@@ -1,0 +1,32 @@
+# Every target sets up (and reuses) its own virtual environment.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build that lies on this machine's disk; a GPU user sets e.g. TORCH_SPEC='torch>=2.6'.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: venv test test-fast demo lint clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[jobs,dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest
+
+test-fast: venv
+	$(PY) -m pytest -m "not slow"
+
+demo: venv
+	$(PY) -m tunewright_jobs.tiny demo --out demo-output
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) demo-output

@@ -1,0 +1,266 @@
+"""The job config: the one typed contract of the training runtime.
+
+JSON in, JSON out. Whoever launches a run (the CLI, the API's local backend, the operator) writes this
+document; nothing else is read by the trainer. Validation errors name the field path and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+
+
+class ConfigError(ValueError):
+    """A job config that cannot run; the message lists every problem as `field.path: reason`."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    source: str = Field(
+        description="Local directory, or Hugging Face id (`org/name` or `hf://org/name`)."
+    )
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag or commit).")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        default="auto", description="Weights dtype for frozen (LoRA) weights. auto: bf16 on GPU, fp32 on CPU."
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    trust_remote_code: bool = False
+
+    @property
+    def resolved_source(self) -> str:
+        return self.source.removeprefix("hf://")
+
+
+class LoraConfig(_Strict):
+    r: PositiveInt = 16
+    alpha: PositiveFloat = 32
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.05
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        min_length=1,
+        description='Module names to adapt, or ["all-linear"] for every linear layer but the output head.',
+    )
+
+
+class MethodConfig(_Strict):
+    type: Literal["lora", "full"] = "lora"
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class DatasetConfig(_Strict):
+    train: str = Field(description="JSONL file of training examples.")
+    validation: str | None = Field(default=None, description="Optional JSONL file of validation examples.")
+    format: Literal["chat", "prompt_completion", "text"] = "chat"
+    packing: bool = Field(
+        default=True,
+        description="Pack several examples per sequence; attention never crosses example boundaries.",
+    )
+
+
+class Hyperparameters(_Strict):
+    epochs: PositiveInt | None = 1
+    max_steps: PositiveInt | None = Field(default=None, description="Optimizer steps; overrides epochs.")
+    learning_rate: PositiveFloat = 2e-4
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = 0.03
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0
+    max_grad_norm: PositiveFloat | None = 1.0
+    global_batch_size: PositiveInt | None = Field(
+        default=None, description="Sequences (packed rows) per optimizer step."
+    )
+    global_batch_tokens: PositiveInt | None = Field(
+        default=None, description="Tokens per optimizer step (= global_batch_size x seq_len)."
+    )
+    seq_len: PositiveInt = 2048
+    seed: int = 42
+
+    @model_validator(mode="after")
+    def _one_batch_unit(self) -> Hyperparameters:
+        if self.global_batch_size is not None and self.global_batch_tokens is not None:
+            raise ValueError("set global_batch_size or global_batch_tokens, not both")
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set epochs or max_steps")
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise ValueError(
+                f"global_batch_tokens ({self.global_batch_tokens}) must be a multiple of seq_len ({self.seq_len})"
+            )
+        return self
+
+
+class StrategyConfig(_Strict):
+    type: Literal["single", "ddp", "fsdp", "hsdp"] = "single"
+    num_workers: PositiveInt = 1
+    use_gpu: bool = False
+    micro_batch_size: PositiveInt = 1
+    grad_accum: PositiveInt | None = Field(
+        default=None, description="Derived from the global batch when unset (1 when neither is set)."
+    )
+    activation_checkpointing: bool = False
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        default="auto", description="Compute precision. auto: bf16 autocast on GPU, fp32 on CPU."
+    )
+    hsdp_shard_size: PositiveInt | None = Field(
+        default=None, description="HSDP: GPUs per sharding group (replicated across groups)."
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> StrategyConfig:
+        if self.type == "single" and self.num_workers != 1:
+            raise ValueError(f"strategy single runs on 1 worker, got num_workers={self.num_workers}")
+        if self.type == "hsdp":
+            if self.hsdp_shard_size is None:
+                raise ValueError("hsdp needs hsdp_shard_size (GPUs per sharding group)")
+            if self.num_workers % self.hsdp_shard_size:
+                raise ValueError(
+                    f"num_workers ({self.num_workers}) must be a multiple of hsdp_shard_size ({self.hsdp_shard_size})"
+                )
+        elif self.hsdp_shard_size is not None:
+            raise ValueError("hsdp_shard_size only applies to strategy hsdp")
+        return self
+
+
+class CheckpointConfig(_Strict):
+    storage: str | None = Field(
+        default=None, description="Where checkpoints go (path or URI); default: <output_dir>/checkpoints."
+    )
+    every_steps: PositiveInt | None = Field(default=None, description="Checkpoint period; None: only at the end.")
+    keep_last: PositiveInt = 2
+    export_merged: bool = Field(default=False, description="LoRA: also export base weights with the adapter merged.")
+    final: bool = Field(
+        default=True, description="Save a last checkpoint and export the model at the end (off for benchmarks)."
+    )
+
+
+class EvalConfig(_Strict):
+    every_steps: PositiveInt | None = Field(default=None, description="Validation period; None: only at the end.")
+    max_batches: PositiveInt | None = None
+    exact_match: bool = Field(
+        default=False,
+        description="Greedy-generate the answer of each validation example and compare it with the reference.",
+    )
+    exact_match_max_examples: PositiveInt = 200
+    max_new_tokens: PositiveInt = 16
+
+
+class MetricsConfig(_Strict):
+    path: str | None = Field(default=None, description="JSONL file of per-step metrics; default: <output_dir>/metrics.jsonl.")
+    log_every_steps: PositiveInt = 1
+
+
+class JobConfig(_Strict):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")] = "tunewright-job"
+    output_dir: str = Field(description="Final export, metrics and (by default) checkpoints.")
+    model: ModelConfig
+    method: MethodConfig = Field(default_factory=MethodConfig)
+    dataset: DatasetConfig
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> JobConfig:
+        self.batch_plan()  # raises with the numbers when the global batch does not divide
+        if self.eval.exact_match and self.dataset.validation is None:
+            raise ValueError("eval.exact_match: needs dataset.validation")
+        return self
+
+    @property
+    def checkpoint_storage(self) -> str:
+        return self.checkpoint.storage or str(Path(self.output_dir) / "checkpoints")
+
+    @property
+    def metrics_path(self) -> str:
+        return self.metrics.path or str(Path(self.output_dir) / "metrics.jsonl")
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that each see different data (every strategy here shards data over all workers)."""
+        return self.strategy.num_workers
+
+    def batch_plan(self) -> BatchPlan:
+        hp, st = self.hyperparameters, self.strategy
+        per_step_local = st.micro_batch_size * self.data_parallel_size
+        wanted = hp.global_batch_size or (hp.global_batch_tokens // hp.seq_len if hp.global_batch_tokens else None)
+        if wanted is None:
+            accum = st.grad_accum or 1
+        else:
+            if wanted % per_step_local:
+                raise ValueError(
+                    f"hyperparameters.global_batch_*: {wanted} sequences is not a multiple of micro_batch_size "
+                    f"({st.micro_batch_size}) x workers ({self.data_parallel_size})"
+                )
+            accum = wanted // per_step_local
+            if st.grad_accum is not None and st.grad_accum != accum:
+                raise ValueError(
+                    f"strategy.grad_accum: {st.grad_accum} contradicts the global batch "
+                    f"({wanted} = {st.micro_batch_size} x {self.data_parallel_size} x {accum})"
+                )
+        return BatchPlan(micro_batch_size=st.micro_batch_size, grad_accum=accum,
+                         data_parallel_size=self.data_parallel_size)
+
+    # JSON in and out -----------------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> JobConfig:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            raise ConfigError(format_validation_error(err)) from None
+
+    @classmethod
+    def from_json(cls, text: str) -> JobConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"job config is not valid JSON: line {err.lineno} column {err.colno}: {err.msg}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("job config must be a JSON object")
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> JobConfig:
+        return cls.from_json(Path(path).read_text())
+
+
+class BatchPlan(_Strict):
+    micro_batch_size: int
+    grad_accum: int
+    data_parallel_size: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.data_parallel_size
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for item in err.errors():
+        path = ".".join(str(p) for p in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{path}: {message}" if path else message)
+    return "invalid job config:\n  " + "\n  ".join(lines)
+
+
+def total_steps(cfg: JobConfig, steps_per_epoch: int) -> int:
+    hp = cfg.hyperparameters
+    if hp.max_steps is not None:
+        return hp.max_steps
+    return int(hp.epochs) * steps_per_epoch
+
+
+def warmup_steps(cfg: JobConfig, steps: int) -> int:
+    return math.ceil(cfg.hyperparameters.warmup_ratio * steps)

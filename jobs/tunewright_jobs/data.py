@@ -1,0 +1,299 @@
+"""Datasets: JSONL reading and validation, chat templates, loss masks, packing, deterministic batches.
+
+A token is *trainable* when the model should learn to predict it: assistant turns (chat), the
+completion (prompt_completion), everything (text). Labels are stored already shifted, so that
+`logits[:, i]` is scored against `labels[:, i]`; the last token of one packed example never
+predicts the first token of the next.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+MAX_REPORTED_ERRORS = 20
+CHAT_ROLES = {"system", "user", "assistant", "tool"}
+
+# Used when a tokenizer has no chat template of its own: ChatML, prefix-stable, ends each turn with a
+# marker the model learns to emit (so generation knows where an answer stops).
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used; the message names the file, the line and the reason."""
+
+
+# --- reading and validating --------------------------------------------------------------------------
+
+
+def _check_chat(record: dict) -> str | None:
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return '"messages" must be a non-empty list'
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            return f"messages[{i}] must be an object"
+        if msg.get("role") not in CHAT_ROLES:
+            return f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}, got {msg.get('role')!r}"
+        if not isinstance(msg.get("content"), str):
+            return f"messages[{i}].content must be a string"
+    if not any(m["role"] == "assistant" for m in messages):
+        return "no assistant message: nothing to learn from"
+    return None
+
+
+def _check_prompt_completion(record: dict) -> str | None:
+    if not isinstance(record.get("prompt"), str):
+        return '"prompt" must be a string'
+    if not isinstance(record.get("completion"), str) or not record["completion"]:
+        return '"completion" must be a non-empty string'
+    return None
+
+
+def _check_text(record: dict) -> str | None:
+    if not isinstance(record.get("text"), str) or not record["text"]:
+        return '"text" must be a non-empty string'
+    return None
+
+
+_CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text}
+
+
+def read_jsonl(path: str | Path, fmt: str) -> list[dict]:
+    """Every record of a JSONL file, or a DatasetError listing the first bad lines."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    check = _CHECKS[fmt]
+    records, errors = [], []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                problem = "must be a JSON object" if not isinstance(record, dict) else check(record)
+            except json.JSONDecodeError as err:
+                problem = f"not valid JSON ({err.msg} at column {err.colno})"
+            if problem:
+                errors.append(f"{path}:{lineno}: {problem}")
+            else:
+                records.append(record)
+            if len(errors) >= MAX_REPORTED_ERRORS:
+                errors.append("(stopped after the first errors)")
+                break
+    if errors:
+        raise DatasetError(f"dataset rejected (format {fmt}):\n  " + "\n  ".join(errors))
+    if not records:
+        raise DatasetError(f"{path}: no examples")
+    return records
+
+
+# --- tokenizing --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    input_ids: list[int]
+    trainable: list[bool]  # trainable[i]: token i is a prediction target
+
+
+def ensure_chat_template(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        log.warning("tokenizer has no chat template; using tunewright's ChatML fallback")
+        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def chat_prompt(tokenizer, messages: list[dict]) -> tuple[str, str]:
+    """(rendered prompt up to the last assistant turn, that turn's content): for generation checks."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return _render(tokenizer, messages[:last], add_generation_prompt=True), messages[last]["content"]
+
+
+def _tokenize_chat(tokenizer, messages: list[dict]) -> Example:
+    full = _render(tokenizer, messages, add_generation_prompt=False)
+    spans = []
+    for i, msg in enumerate(messages):
+        if msg["role"] != "assistant":
+            continue
+        start_text = _render(tokenizer, messages[:i], add_generation_prompt=True) if i else ""
+        end_text = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        if not (full.startswith(start_text) and full.startswith(end_text)):
+            raise DatasetError(
+                "the tokenizer's chat template is not prefix-stable (rendering the first turns does not give a "
+                "prefix of the whole conversation), so assistant tokens cannot be located"
+            )
+        spans.append((len(start_text), len(end_text)))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    trainable = [any(s <= start < e for s, e in spans) for start, _ in enc["offset_mapping"]]
+    return Example(list(enc["input_ids"]), trainable)
+
+
+def tokenize_record(tokenizer, record: dict, fmt: str) -> Example:
+    if fmt == "chat":
+        return _tokenize_chat(tokenizer, record["messages"])
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if fmt == "prompt_completion":
+        prompt = tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]
+        completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + eos
+        return Example(prompt + completion, [False] * len(prompt) + [True] * len(completion))
+    ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"] + eos
+    return Example(ids, [True] * len(ids))
+
+
+@dataclass(frozen=True)
+class TokenizedDataset:
+    examples: list[Example]
+    truncated: int
+    dropped: int
+
+
+def tokenize_dataset(tokenizer, records: list[dict], fmt: str, seq_len: int, source: str) -> TokenizedDataset:
+    if fmt == "chat":
+        ensure_chat_template(tokenizer)
+    examples, truncated, dropped = [], 0, 0
+    for record in records:
+        ex = tokenize_record(tokenizer, record, fmt)
+        if len(ex.input_ids) > seq_len:
+            truncated += 1
+            ex = Example(ex.input_ids[:seq_len], ex.trainable[:seq_len])
+        # Token 0 is never a target (nothing precedes it), so an example needs a trainable token after it.
+        if not any(ex.trainable[1:]):
+            dropped += 1
+            continue
+        examples.append(ex)
+    if not examples:
+        raise DatasetError(f"{source}: no example has a trainable token within seq_len={seq_len}")
+    if truncated or dropped:
+        log.warning("%s: %d examples truncated to %d tokens, %d dropped (nothing left to learn)",
+                    source, truncated, seq_len, dropped)
+    return TokenizedDataset(examples, truncated, dropped)
+
+
+# --- packing and batches -----------------------------------------------------------------------------
+
+
+def pack_best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Assign items (in the given order) to bins of `capacity` tokens: best fit, O(n log n)."""
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # sorted (remaining room, bin index)
+    for idx, n in enumerate(lengths):
+        pos = bisect.bisect_left(free, (n, -1))
+        if pos < len(free):
+            room, b = free.pop(pos)
+            bins[b].append(idx)
+        else:
+            room, b = capacity, len(bins)
+            bins.append([idx])
+        if room - n > 0:
+            bisect.insort(free, (room - n, b))
+    return bins
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Fixed-shape training rows: [n, seq_len] arrays."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    position_ids: np.ndarray
+    real_tokens: np.ndarray  # [n] non-padding tokens per row
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def build_rows(examples: list[Example], groups: list[list[int]], seq_len: int, pad_id: int) -> Rows:
+    n = len(groups)
+    ids = np.full((n, seq_len), pad_id, dtype=np.int64)
+    labels = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int64)
+    positions = np.zeros((n, seq_len), dtype=np.int64)
+    real = np.zeros(n, dtype=np.int64)
+    for row, group in enumerate(groups):
+        at = 0
+        for idx in group:
+            ex = examples[idx]
+            length = len(ex.input_ids)
+            ids[row, at : at + length] = ex.input_ids
+            positions[row, at : at + length] = np.arange(length)
+            for i in range(1, length):
+                if ex.trainable[i]:
+                    labels[row, at + i - 1] = ex.input_ids[i]
+            at += length
+        # The padded tail is its own segment (positions restart), so nothing real ever attends to it.
+        positions[row, at:] = np.arange(seq_len - at)
+        real[row] = at
+    return Rows(ids, labels, positions, real)
+
+
+class EpochBatches:
+    """Deterministic batches: epoch e is a pure function of (seed, e), so a position is (epoch, step)."""
+
+    def __init__(self, data: TokenizedDataset, seq_len: int, pad_id: int, packing: bool, seed: int,
+                 global_batch_size: int):
+        self.data, self.seq_len, self.pad_id = data, seq_len, pad_id
+        self.packing, self.seed, self.global_batch_size = packing, seed, global_batch_size
+        self._cached: tuple[int, Rows] | None = None
+        rows_per_epoch = len(self.rows(0))
+        self.steps_per_epoch = rows_per_epoch // global_batch_size
+        if self.steps_per_epoch == 0:
+            raise DatasetError(
+                f"dataset too small: one epoch makes {rows_per_epoch} sequences of {seq_len} tokens, fewer than "
+                f"one global batch ({global_batch_size}); add data or lower the batch size"
+            )
+
+    def rows(self, epoch: int) -> Rows:
+        if self._cached is None or self._cached[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            order = rng.permutation(len(self.data.examples)).tolist()
+            if self.packing:
+                bins = pack_best_fit([len(self.data.examples[i].input_ids) for i in order], self.seq_len)
+                groups = [[order[i] for i in b] for b in bins]
+                groups = [groups[i] for i in rng.permutation(len(groups))]
+            else:
+                groups = [[i] for i in order]
+            self._cached = (epoch, build_rows(self.data.examples, groups, self.seq_len, self.pad_id))
+        return self._cached[1]
+
+    def step_rows(self, step: int) -> tuple[int, Rows]:
+        """(epoch, the global batch of rows) of optimizer step `step` (0-based, counted from the start)."""
+        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        rows = self.rows(epoch)
+        sl = slice(in_epoch * self.global_batch_size, (in_epoch + 1) * self.global_batch_size)
+        return epoch, Rows(rows.input_ids[sl], rows.labels[sl], rows.position_ids[sl], rows.real_tokens[sl])
+
+
+def micro_batches(batch: Rows, rank: int, world: int, micro_batch_size: int) -> Iterator[Rows]:
+    """This rank's micro-batches of one global batch: micro-batch m of rank r is slot m*world + r."""
+    per_slot = micro_batch_size
+    slots = len(batch) // per_slot
+    for slot in range(rank, slots, world):
+        sl = slice(slot * per_slot, (slot + 1) * per_slot)
+        yield Rows(batch.input_ids[sl], batch.labels[sl], batch.position_ids[sl], batch.real_tokens[sl])
+
+
+def eval_rows(data: TokenizedDataset, seq_len: int, pad_id: int, packing: bool) -> Rows:
+    """Validation rows in file order (no shuffling, so every evaluation scores the same tokens)."""
+    if packing:
+        groups = pack_best_fit([len(e.input_ids) for e in data.examples], seq_len)
+    else:
+        groups = [[i] for i in range(len(data.examples))]
+    return build_rows(data.examples, groups, seq_len, pad_id)

@@ -1,0 +1,82 @@
+"""Model and tokenizer loading (path or Hugging Face id), LoRA through PEFT, full fine-tuning."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from tunewright_jobs.config import JobConfig
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(cfg: JobConfig):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(cfg.model.resolved_source, revision=cfg.model.revision,
+                                        trust_remote_code=cfg.model.trust_remote_code)
+    if not tok.is_fast:
+        raise ValueError(f"model.source: {cfg.model.source} has no fast tokenizer (needed for loss masks)")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def weights_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
+    """Frozen (LoRA base) weights: bf16 on GPU. Trained weights stay fp32 (mixed precision master copy)."""
+    if cfg.method.type == "full":
+        return torch.float32
+    if cfg.model.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.model.dtype)
+
+
+def load_model(cfg: JobConfig, device: torch.device):
+    """The causal LM, LoRA-wrapped when asked, on `device` ("cpu" for sharded strategies: FSDP moves shards)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        cfg.model.resolved_source, dtype=weights_dtype(cfg, device), revision=cfg.model.revision,
+        trust_remote_code=cfg.model.trust_remote_code, attn_implementation=cfg.model.attn_implementation,
+    ).to(device)
+    model.config.use_cache = False
+    if cfg.strategy.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.method.type == "lora":
+        model = apply_lora(cfg, model)
+    return model
+
+
+def apply_lora(cfg: JobConfig, model):
+    from peft import LoraConfig, get_peft_model
+
+    lora = cfg.method.lora
+    targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
+    peft_config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                             task_type="CAUSAL_LM", bias="none")
+    try:
+        model = get_peft_model(model, peft_config)
+    except ValueError as err:  # PEFT names the modules it could not find
+        raise ValueError(f"method.lora.target_modules: {err}") from None
+    # Adapters train in fp32 whatever the base dtype: tiny, and bf16 updates would round away.
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    return model
+
+
+def transformer_blocks(model) -> list[torch.nn.Module]:
+    """The repeated decoder layers (FSDP's sharding unit), found without knowing the architecture."""
+    no_split = set()
+    for module in model.modules():
+        no_split.update(getattr(module, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in no_split]
+    if not blocks:
+        raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} (no _no_split_modules)")
+    return blocks
+
+
+def parameter_counts(model) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total, trainable

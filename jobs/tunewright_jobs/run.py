@@ -1,0 +1,124 @@
+"""Command line: `python -m tunewright_jobs.run --config job.json [--no-ray]`.
+
+With Ray (the default) the run is a Ray Train `TorchTrainer`: workers and GPUs from the strategy,
+checkpoints in `checkpoint.storage` under the job's name (a restarted run with the same name resumes
+from the newest one), joining the Ray cluster at RAY_ADDRESS or starting a local one.
+With `--no-ray` it trains in this process, or in each process of a `torchrun` launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from tunewright_jobs.config import ConfigError, JobConfig
+from tunewright_jobs.data import DatasetError
+
+log = logging.getLogger("tunewright_jobs")
+
+
+def train_without_ray(cfg: JobConfig) -> dict:
+    from tunewright_jobs.checkpoint import DirectoryCheckpointStore
+    from tunewright_jobs.parallel import init_dist
+    from tunewright_jobs.train import Runtime, train
+
+    dist = init_dist(cfg)
+    store = DirectoryCheckpointStore(cfg.checkpoint_storage, cfg.name, cfg.checkpoint.keep_last, dist)
+    try:
+        return train(cfg, Runtime(dist, store))
+    finally:
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _ray_worker(loop_config: dict) -> None:
+    import ray.train.torch
+    from tunewright_jobs.checkpoint import RayCheckpointStore
+    from tunewright_jobs.parallel import init_dist
+    from tunewright_jobs.train import Runtime, train
+
+    _configure_logging()
+    cfg = JobConfig.from_json(loop_config["config"])
+    dist = init_dist(cfg, device=ray.train.torch.get_device())
+    train(cfg, Runtime(dist, RayCheckpointStore()))
+
+
+def _connect_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=True)
+    except ConnectionError:
+        log.info("no Ray cluster reachable: starting a local one")
+        # Local workers import this package from where the driver found it (installed or not).
+        source_root = str(Path(__file__).resolve().parent.parent)
+        path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)
+        ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False)
+
+
+def storage_uri(storage: str) -> str:
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
+
+
+def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from tunewright_jobs.train import preflight
+
+    preflight(cfg)  # bad data fails here, before any worker or GPU is requested
+    _connect_ray()
+    st = cfg.strategy
+    trainer = TorchTrainer(
+        _ray_worker,
+        train_loop_config={"config": cfg.to_json()},
+        scaling_config=ScalingConfig(num_workers=st.num_workers, use_gpu=st.use_gpu),
+        torch_config=TorchConfig(backend="nccl" if st.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=cfg.name,
+            storage_path=storage_uri(cfg.checkpoint_storage),
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )
+    trainer.fit()
+    return json.loads((Path(cfg.output_dir) / "result.json").read_text())
+
+
+def _configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tunewright_jobs.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="job config (JSON)")
+    parser.add_argument("--no-ray", action="store_true", help="train in this process (or under torchrun)")
+    parser.add_argument("--max-failures", type=int, default=0,
+                        help="Ray: worker-group restarts from the newest checkpoint before giving up")
+    args = parser.parse_args(argv)
+    _configure_logging()
+    try:
+        cfg = JobConfig.load(args.config)
+    except (ConfigError, OSError) as err:
+        print(f"error: {args.config}: {err}", file=sys.stderr)
+        return 2
+    try:
+        result = train_without_ray(cfg) if args.no_ray else train_with_ray(cfg, args.max_failures)
+    except (DatasetError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if result:
+        print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

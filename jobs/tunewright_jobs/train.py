@@ -1,0 +1,295 @@
+"""The training loop, top to bottom: config → data, model, optimizer → train_step → loop.
+
+The same function runs in one process, under torchrun and inside a Ray Train worker; what differs
+(process group, device, where checkpoints go) arrives in `Runtime`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tunewright_jobs import checkpoint as ckpt
+from tunewright_jobs.checkpoint import CheckpointStore
+from tunewright_jobs.config import JobConfig, total_steps, warmup_steps
+from tunewright_jobs.data import (
+    IGNORE_INDEX,
+    EpochBatches,
+    Rows,
+    chat_prompt,
+    eval_rows,
+    micro_batches,
+    read_jsonl,
+    tokenize_dataset,
+)
+from tunewright_jobs.evaluate import exact_match, validation_metrics
+from tunewright_jobs.export import export_final
+from tunewright_jobs.metrics import JsonlSink, MetricsSink, NullSink, PhaseTimer
+from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts
+from tunewright_jobs.parallel import Dist, autocast, gradient_sync, is_sharded, wrap_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    dist: Dist
+    checkpoints: CheckpointStore
+
+
+@dataclass
+class StepStats:
+    loss_sum: torch.Tensor  # this rank's summed token loss (device tensor: read at log time only)
+    targets: int  # labelled tokens in the global batch
+    tokens: int  # non-padding tokens in the global batch
+    grad_norm: torch.Tensor
+    lr: float
+
+
+# --- building blocks ---------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_optimizer(cfg: JobConfig, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
+    groups = [{"params": decay, "weight_decay": cfg.hyperparameters.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    fused = device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=cfg.hyperparameters.learning_rate, betas=(0.9, 0.999),
+                             fused=fused, foreach=not fused)
+
+
+def lr_multiplier(schedule: str, step: int, warmup: int, total: int) -> float:
+    """Linear warmup to the peak, then cosine or linear decay to 0 at `total` (or constant)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total - warmup)
+    if schedule == "linear":
+        return max(0.0, 1.0 - progress)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_scheduler(cfg: JobConfig, optimizer, steps: int):
+    warmup = warmup_steps(cfg, steps)
+    schedule = cfg.hyperparameters.lr_schedule
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(schedule, s, warmup, steps))
+
+
+def to_device(batch: Rows, device: torch.device) -> dict[str, torch.Tensor]:
+    return {name: torch.as_tensor(getattr(batch, name)).to(device, non_blocking=True)
+            for name in ("input_ids", "labels", "position_ids")}
+
+
+# --- one optimizer step ------------------------------------------------------------------------------
+
+
+def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: Dist, timer: PhaseTimer,
+               amp) -> StepStats:
+    """Forward/backward over this rank's micro-batches, then clip and step.
+
+    The loss is the mean over every labelled token of the global batch (all micro-batches, all ranks),
+    whatever the packing: each micro-batch's summed loss is divided by that global count (known to every
+    rank, since each sees the whole global batch's rows), times the world size that gradient averaging
+    divides by.
+    """
+    targets = int((batch.labels != IGNORE_INDEX).sum())
+    scale = dist.world_size / max(targets, 1)
+    mbs = [to_device(mb, dist.device) for mb in micro_batches(batch, dist.rank, dist.world_size,
+                                                               cfg.strategy.micro_batch_size)]
+    timer.start_step()
+    loss_sum = torch.zeros((), device=dist.device)
+    for i, mb in enumerate(mbs):
+        with gradient_sync(model, sync=i == len(mbs) - 1), amp:
+            logits = model(input_ids=mb["input_ids"], position_ids=mb["position_ids"], use_cache=False).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten(),
+                                   ignore_index=IGNORE_INDEX, reduction="sum")
+            (loss * scale).backward()
+        loss_sum += loss.detach()
+    timer.mark("forward_backward")
+    params = [p for p in model.parameters() if p.requires_grad]
+    max_norm = cfg.hyperparameters.max_grad_norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+        grad_norm = grad_norm.full_tensor()
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    timer.mark("optimizer")
+    return StepStats(loss_sum, targets, int(batch.real_tokens.sum()), grad_norm.detach(), lr)
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    batches: EpochBatches
+    steps: int
+    train_examples: int
+    truncated: int
+    val_rows: Rows | None
+    val_records: list[dict] | None
+
+
+def prepare_data(cfg: JobConfig, tokenizer) -> PreparedData:
+    """Read, validate, tokenize and size the datasets: every error surfaces here, before training."""
+    ds, hp = cfg.dataset, cfg.hyperparameters
+    train_data = tokenize_dataset(tokenizer, read_jsonl(ds.train, ds.format), ds.format, hp.seq_len, ds.train)
+    batches = EpochBatches(train_data, hp.seq_len, tokenizer.pad_token_id, ds.packing, hp.seed,
+                           cfg.batch_plan().global_batch_size)
+    val_rows = val_records = None
+    if ds.validation:
+        val_records = read_jsonl(ds.validation, ds.format)
+        val_data = tokenize_dataset(tokenizer, val_records, ds.format, hp.seq_len, ds.validation)
+        val_rows = eval_rows(val_data, hp.seq_len, tokenizer.pad_token_id, ds.packing)
+    return PreparedData(batches, total_steps(cfg, batches.steps_per_epoch), len(train_data.examples),
+                        train_data.truncated, val_rows, val_records)
+
+
+def preflight(cfg: JobConfig) -> PreparedData:
+    """What a launcher runs before asking for workers or GPUs."""
+    return prepare_data(cfg, load_tokenizer(cfg))
+
+
+def answer_pairs(cfg: JobConfig, tokenizer, records: list[dict]) -> tuple[list[str], list[str]]:
+    records = records[: cfg.eval.exact_match_max_examples]
+    if cfg.dataset.format == "chat":
+        pairs = [chat_prompt(tokenizer, r["messages"]) for r in records]
+    else:
+        pairs = [(r["prompt"], r["completion"]) for r in records]
+    return [p for p, _ in pairs], [a for _, a in pairs]
+
+
+def train(cfg: JobConfig, runtime: Runtime) -> dict:
+    dist = runtime.dist
+    hp = cfg.hyperparameters
+
+    tokenizer = load_tokenizer(cfg)
+    data = prepare_data(cfg, tokenizer)
+    batches, steps, val_rows, val_records = data.batches, data.steps, data.val_rows, data.val_records
+    plan = cfg.batch_plan()
+
+    # Same seed on every rank while new weights (LoRA adapters) are drawn: FSDP keeps each rank's own
+    # shard of them, so they must agree. Afterwards each rank gets its own stream, for dropout.
+    seed_everything(hp.seed)
+    model = load_model(cfg, torch.device("cpu") if is_sharded(cfg) else dist.device)
+    total_params, trainable_params = parameter_counts(model)
+    model = wrap_model(cfg, model, dist)
+    seed_everything(hp.seed + 1 + dist.rank)
+    model.train()
+    optimizer = build_optimizer(cfg, model, dist.device)
+    scheduler = build_scheduler(cfg, optimizer, steps)
+    amp = autocast(cfg, dist.device)
+
+    start_step = 0
+    with runtime.checkpoints.latest() as path:
+        if path is not None:
+            state = ckpt.read_checkpoint(path, model, optimizer, scheduler, dist)
+            start_step = state["step"]
+            log.info("resumed from %s at step %d", path, start_step)
+
+    sink: MetricsSink = (JsonlSink(cfg.metrics_path, resume_step=start_step if start_step else None)
+                         if dist.is_main else NullSink())
+    if start_step == 0:
+        sink.emit({"event": "start", "step": 0, "total_steps": steps, "steps_per_epoch": batches.steps_per_epoch,
+                   "strategy": cfg.strategy.type, "workers": dist.world_size, "device": dist.device.type,
+                   "micro_batch_size": plan.micro_batch_size, "grad_accum": plan.grad_accum,
+                   "global_batch_size": plan.global_batch_size, "seq_len": hp.seq_len,
+                   "parameters": total_params, "trainable_parameters": trainable_params,
+                   "train_examples": data.train_examples, "truncated_examples": data.truncated})
+
+    def evaluate(step: int, with_exact_match: bool) -> dict:
+        result = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
+                                    tokenizer.pad_token_id, amp, cfg.eval.max_batches)
+        if with_exact_match:
+            prompts, refs = answer_pairs(cfg, tokenizer, val_records)
+            result.update(exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens, amp))
+        sink.emit({"event": "eval", "step": step, **result})
+        return result
+
+    def save(step: int, metrics: dict) -> None:
+        trainer_state = {"step": step, "epoch": step // batches.steps_per_epoch,
+                         "step_in_epoch": step % batches.steps_per_epoch, "total_steps": steps,
+                         "world_size": dist.world_size, "config_name": cfg.name}
+        runtime.checkpoints.save(step, metrics, lambda p: ckpt.write_checkpoint(
+            p, model, optimizer, scheduler, trainer_state, dist))
+
+    eval_before = evaluate(0, cfg.eval.exact_match) if val_rows is not None and start_step == 0 else None
+
+    timer = PhaseTimer(dist.device)
+    window: list[StepStats] = []
+    window_start, data_seconds = time.perf_counter(), 0.0
+    last_record: dict = {}
+    for step in range(start_step, steps):
+        t0 = time.perf_counter()
+        epoch, batch = batches.step_rows(step)
+        data_seconds += time.perf_counter() - t0
+        window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, timer, amp))
+        done = step + 1
+
+        if done % cfg.metrics.log_every_steps == 0 or done == steps:
+            last_record = summarize_window(window, timer.collect(), data_seconds,
+                                           time.perf_counter() - window_start, dist)
+            sink.emit({"event": "step", "step": done, "epoch": epoch, **last_record})
+            window, window_start, data_seconds = [], time.perf_counter(), 0.0
+        if val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and done < steps:
+            evaluate(done, with_exact_match=False)
+        if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps:
+            save(done, {"step": done, "loss": last_record.get("loss")})
+
+    eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
+    exported = {}
+    if cfg.checkpoint.final:
+        save(steps, {"step": steps, "loss": last_record.get("loss")})
+        exported = export_final(cfg, model, tokenizer, dist)
+    result = {"steps": steps, "final_loss": last_record.get("loss"), "eval_before": eval_before,
+              "eval_after": eval_after, "export": exported, "strategy": cfg.strategy.type,
+              "workers": dist.world_size, "resumed_from_step": start_step}
+    sink.emit({"event": "end", "step": steps, **{k: v for k, v in result.items() if k != "eval_before"}})
+    sink.close()
+    if dist.is_main:
+        (Path(cfg.output_dir) / "result.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def summarize_window(window: list[StepStats], phases: dict[str, float], data_seconds: float, wall: float,
+                     dist: Dist) -> dict:
+    """Metrics over the steps since the last log (one step when logging every step)."""
+    loss_sum = torch.stack([s.loss_sum for s in window]).sum().item()
+    (loss_sum,) = dist.all_reduce_sum([loss_sum])
+    targets = sum(s.targets for s in window)
+    tokens = sum(s.tokens for s in window)
+    record = {
+        "loss": loss_sum / max(targets, 1),
+        "learning_rate": window[-1].lr,
+        "grad_norm": window[-1].grad_norm.item(),
+        "tokens": tokens,
+        "tokens_per_second": tokens / wall,
+        "step_seconds": wall / len(window),
+        "data_seconds": data_seconds / len(window),
+        "forward_backward_seconds": phases.get("forward_backward", 0.0) / len(window),
+        "optimizer_seconds": phases.get("optimizer", 0.0) / len(window),
+    }
+    if dist.device.type == "cuda":
+        record["peak_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / 2**30
+    return record

@@ -1,0 +1,1 @@
+"""tunewright planner and Kubernetes operator."""

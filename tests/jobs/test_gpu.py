@@ -1,0 +1,61 @@
+"""The runtime on CUDA: bf16 LoRA and full fine-tuning on one GPU, DDP and FSDP over NCCL on two.
+
+CI has no GPU (these are skipped there); they run on the device machine: `pytest -m gpu`.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tunewright_jobs.run import train_without_ray
+
+from tests.jobs.conftest import make_config, metrics, python_path, write_config
+
+pytestmark = pytest.mark.gpu
+
+
+def cuda_config(tiny_models, out, **overrides):
+    strategy = {"use_gpu": True, **overrides.pop("strategy", {})}
+    return make_config(tiny_models["llama"], out, strategy=strategy, **overrides)
+
+
+@pytest.fixture(scope="module")
+def single_gpu_full(tiny_models, tmp_path_factory):
+    cfg = cuda_config(tiny_models, tmp_path_factory.mktemp("single-gpu"), method={"type": "full"},
+                      hyperparameters={"max_steps": 20, "learning_rate": 2e-3})
+    return cfg, train_without_ray(cfg)
+
+
+def test_lora_bf16_on_one_gpu(tiny_models, tmp_path):
+    cfg = cuda_config(tiny_models, tmp_path, hyperparameters={"max_steps": 30})
+    result = train_without_ray(cfg)
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
+    steps = metrics(cfg)
+    assert all(r["peak_memory_gib"] > 0 for r in steps)
+    assert (Path(result["export"]["adapter"]) / "adapter_model.safetensors").exists()
+
+
+def test_full_on_one_gpu(single_gpu_full):
+    _, result = single_gpu_full
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    reference, _ = single_gpu_full
+    cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
+                      hyperparameters={"max_steps": 20, "learning_rate": 2e-3},
+                      strategy={"type": strategy, "num_workers": 2, "micro_batch_size": 2})
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m",
+                           "tunewright_jobs.run", "--no-ray", "--config", str(write_config(tmp_path / "j.json", cfg))],
+                          env={**os.environ, "PYTHONPATH": python_path()},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got, want = metrics(cfg), metrics(reference)
+    assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-2)  # bf16 compute
+    assert got[-1]["loss"] < 0.5 * got[0]["loss"]

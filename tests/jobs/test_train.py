@@ -1,0 +1,151 @@
+"""Training in one process (the same loop Ray and torchrun run): learning, equivalences, export, resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from tunewright_jobs.data import DatasetError
+from tunewright_jobs.evaluate import validation_metrics
+from tunewright_jobs.parallel import Dist
+from tunewright_jobs.run import main, train_with_ray, train_without_ray
+from tunewright_jobs.train import preflight
+
+from tests.jobs.conftest import make_config, metrics, python_path, write_config
+
+
+def adapter_weights(cfg) -> dict[str, torch.Tensor]:
+    return load_file(Path(cfg.output_dir) / "final" / "adapter" / "adapter_model.safetensors")
+
+
+def test_lora_learns_the_task(tiny_models, tmp_path):
+    cfg = make_config(tiny_models["gpt2"], tmp_path, hyperparameters={"max_steps": 40},
+                      eval={"exact_match": True, "exact_match_max_examples": 16, "max_new_tokens": 3})
+    result = train_without_ray(cfg)
+    before, after = result["eval_before"], result["eval_after"]
+    assert after["val_loss"] < 0.5 * before["val_loss"]
+    assert after["val_token_accuracy"] > before["val_token_accuracy"] + 0.5
+    steps = metrics(cfg)
+    assert [r["step"] for r in steps] == list(range(1, 41))
+    assert steps[-1]["loss"] < 0.5 * steps[0]["loss"]
+    for record in steps:
+        assert record["tokens"] > 0 and record["tokens_per_second"] > 0 and record["grad_norm"] >= 0
+        assert record["forward_backward_seconds"] > 0 and record["optimizer_seconds"] > 0
+    start = metrics(cfg, "start")[0]
+    assert start["trainable_parameters"] < start["parameters"] / 4
+
+
+def test_full_fine_tuning_learns_with_checkpointing(tiny_models, tmp_path):
+    cfg = make_config(tiny_models["llama"], tmp_path, method={"type": "full"},
+                      hyperparameters={"max_steps": 30, "learning_rate": 2e-3},
+                      strategy={"activation_checkpointing": True})
+    result = train_without_ray(cfg)
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
+    exported = AutoModelForCausalLM.from_pretrained(result["export"]["model"])
+    assert exported.config.model_type == "llama"
+
+
+def test_gradient_accumulation_matches_one_big_micro_batch(tiny_models, tmp_path):
+    """Loss is a mean over all labelled tokens of the global batch, however it is split: the first step's
+    loss and gradient norm agree to rounding (later steps drift apart only as Adam amplifies rounding)."""
+    one = make_config(tiny_models["gpt2"], tmp_path / "a", hyperparameters={"max_steps": 5})
+    split = make_config(tiny_models["gpt2"], tmp_path / "b", hyperparameters={"max_steps": 5},
+                        strategy={"micro_batch_size": 1})
+    assert split.batch_plan().grad_accum == 4
+    train_without_ray(one)
+    train_without_ray(split)
+    first_a, first_b = metrics(one)[0], metrics(split)[0]
+    assert first_b["loss"] == pytest.approx(first_a["loss"], rel=1e-6)
+    assert first_b["grad_norm"] == pytest.approx(first_a["grad_norm"], rel=1e-5)
+    assert [r["loss"] for r in metrics(split)] == pytest.approx([r["loss"] for r in metrics(one)], rel=1e-2)
+
+
+def test_exported_adapter_reloads_and_reproduces_outputs(tiny_models, tmp_path):
+    cfg = make_config(tiny_models["gpt2"], tmp_path, checkpoint={"export_merged": True})
+    result = train_without_ray(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(result["export"]["adapter"])
+    assert tokenizer.chat_template  # the fallback template travels with the export
+    base = AutoModelForCausalLM.from_pretrained(tiny_models["gpt2"])
+    reloaded = PeftModel.from_pretrained(base, result["export"]["adapter"]).eval()
+    data = preflight(cfg)
+    dist = Dist(0, 1, 0, torch.device("cpu"))
+    again = validation_metrics(reloaded, data.val_rows, dist, 4, tokenizer.pad_token_id,
+                               torch.autocast("cpu", enabled=False), max_batches=4)
+    assert again["val_loss"] == pytest.approx(result["eval_after"]["val_loss"], rel=1e-5)
+    assert again["val_token_accuracy"] == pytest.approx(result["eval_after"]["val_token_accuracy"])
+
+    merged = AutoModelForCausalLM.from_pretrained(result["export"]["merged"]).eval()
+    ids = torch.tensor([tokenizer("The soup was cold.")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, reloaded(ids).logits, atol=1e-5, rtol=1e-4)
+
+
+def test_bad_dataset_fails_before_anything_is_written(tiny_models, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n'
+                   '{"messages": "nope"}\n')
+    cfg = make_config(tiny_models["gpt2"], tmp_path / "out", dataset={"train": str(bad)})
+    assert main(["--config", str(write_config(tmp_path / "job.json", cfg)), "--no-ray"]) == 2
+    assert 'bad.jsonl:2: "messages" must be a non-empty list' in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    import ray
+
+    with pytest.raises(DatasetError, match="bad.jsonl:2"):
+        train_with_ray(cfg, max_failures=0)
+    assert not ray.is_initialized()  # rejected before any worker (or GPU) was asked for
+
+
+def test_bad_config_file_is_reported_with_fields(tmp_path, capsys):
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"output_dir": "x", "model": {}, "dataset": {"train": "t"}}))
+    assert main(["--config", str(path), "--no-ray"]) == 2
+    assert "model.source: Field required" in capsys.readouterr().err
+
+
+def run_cli(config_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": python_path()}
+    return subprocess.Popen([sys.executable, "-m", "tunewright_jobs.run", "--config", str(config_path), "--no-ray"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_with_no_step_repeated_or_skipped(tiny_models, tmp_path):
+    overrides = dict(method={"type": "lora", "lora": {"r": 8, "alpha": 16, "dropout": 0.1}},  # RNG matters
+                     hyperparameters={"max_steps": 150, "seq_len": 64, "global_batch_size": 2},
+                     strategy={"micro_batch_size": 1}, checkpoint={"every_steps": 5, "keep_last": 2},
+                     eval={"max_batches": 1})
+    killed = make_config(tiny_models["gpt2"], tmp_path / "killed", **overrides)
+    path = write_config(tmp_path / "killed.json", killed)
+    proc = run_cli(path)
+    checkpoints = Path(killed.checkpoint_storage) / killed.name
+    deadline = time.monotonic() + 120
+    while not (checkpoints / "step_00000015").exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    steps_before = [r["step"] for r in metrics(killed)]
+    assert 15 <= steps_before[-1] < 150  # killed mid-way, possibly after a few more steps
+
+    resumed = run_cli(path)
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
+    result = json.loads((Path(killed.output_dir) / "result.json").read_text())
+    assert result["resumed_from_step"] >= 15 and result["resumed_from_step"] % 5 == 0
+    assert [r["step"] for r in metrics(killed)] == list(range(1, 151))
+
+    straight = make_config(tiny_models["gpt2"], tmp_path / "straight", **overrides)
+    train_without_ray(straight)
+    a, b = adapter_weights(killed), adapter_weights(straight)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5)
+    losses = {r["step"]: r["loss"] for r in metrics(killed)}
+    assert losses == pytest.approx({r["step"]: r["loss"] for r in metrics(straight)}, rel=1e-5)
