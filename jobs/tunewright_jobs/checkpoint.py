@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
 from tunewright_jobs.parallel import Dist
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")

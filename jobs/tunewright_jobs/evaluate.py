@@ -10,6 +10,7 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from tunewright_jobs.data import IGNORE_INDEX, Rows
 from tunewright_jobs.parallel import Dist
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
 from tunewright_jobs.config import JobConfig
 from tunewright_jobs.parallel import Dist, unwrap
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import torch
+
 from tunewright_jobs.config import JobConfig
 
 log = logging.getLogger(__name__)

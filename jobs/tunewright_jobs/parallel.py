@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as torch_dist
+
 from tunewright_jobs.config import JobConfig
 
 
@@ -90,6 +91,7 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
 def _fully_shard(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     from tunewright_jobs.model import transformer_blocks
 
     if cfg.strategy.type == "hsdp":

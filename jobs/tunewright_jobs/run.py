@@ -39,6 +39,7 @@ def train_without_ray(cfg: JobConfig) -> dict:
 
 def _ray_worker(loop_config: dict) -> None:
     import ray.train.torch
+
     from tunewright_jobs.checkpoint import RayCheckpointStore
     from tunewright_jobs.parallel import init_dist
     from tunewright_jobs.train import Runtime, train
@@ -71,6 +72,7 @@ def storage_uri(storage: str) -> str:
 def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
+
     from tunewright_jobs.train import preflight
 
     preflight(cfg)  # bad data fails here, before any worker or GPU is requested
@@ -89,6 +91,7 @@ def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
         ),
     )
     trainer.fit()
+    # Rank 0 wrote it; output_dir must be storage the driver sees (on a cluster: a shared volume).
     return json.loads((Path(cfg.output_dir) / "result.json").read_text())
 
 

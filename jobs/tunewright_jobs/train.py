@@ -292,4 +292,5 @@ def summarize_window(window: list[StepStats], phases: dict[str, float], data_sec
     }
     if dist.device.type == "cuda":
         record["peak_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / 2**30
+        record["peak_memory_reserved_gib"] = torch.cuda.max_memory_reserved(dist.device) / 2**30
     return record

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from tunewright_jobs.config import JobConfig
 from tunewright_jobs.tiny import DATA_DIR, build_model
 

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from tunewright_jobs.config import ConfigError, JobConfig
 
 VALID = {

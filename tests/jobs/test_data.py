@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from tunewright_jobs import tiny
 from tunewright_jobs.data import (
     IGNORE_INDEX,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
-from tunewright_jobs.run import train_with_ray, train_without_ray
 
 from tests.jobs.conftest import make_config, metrics, python_path, write_config
+from tunewright_jobs.run import train_with_ray, train_without_ray
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from tunewright_jobs.run import train_without_ray
 
 from tests.jobs.conftest import make_config, metrics, python_path, write_config
+from tunewright_jobs.run import train_without_ray
 
 pytestmark = pytest.mark.gpu
 

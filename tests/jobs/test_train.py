@@ -13,13 +13,13 @@ import torch
 from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.jobs.conftest import make_config, metrics, python_path, write_config
 from tunewright_jobs.data import DatasetError
 from tunewright_jobs.evaluate import validation_metrics
 from tunewright_jobs.parallel import Dist
 from tunewright_jobs.run import main, train_with_ray, train_without_ray
 from tunewright_jobs.train import preflight
-
-from tests.jobs.conftest import make_config, metrics, python_path, write_config
 
 
 def adapter_weights(cfg) -> dict[str, torch.Tensor]:
