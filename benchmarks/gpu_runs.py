@@ -79,6 +79,12 @@ MATRICES = {
         Run("llama-1b", "full", "ddp", 2, 4), Run("llama-1b", "full", "fsdp", 2, 4, True),
         Run("llama-3b", "full", "fsdp", 2, 4), Run("llama-3b", "lora", "ddp", 2, 4),
     ],
+    # FSDP's mixed-precision path (bf16 parameters, no autocast) on one GPU, so the planner's fit set
+    # holds every precision path the runtime has.
+    "calibration-fsdp": [
+        Run("gpt2-124m", "full", "fsdp", 1, 8), Run("llama-1b", "full", "fsdp", 1, 8),
+        Run("llama-1b", "lora", "fsdp", 1, 8), Run("llama-1b", "full", "fsdp", 1, 4, True),
+    ],
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -51,8 +52,14 @@ def init_dist(cfg: JobConfig, device: torch.device | None = None) -> Dist:
     if use_gpu and not torch.cuda.is_available():
         raise RuntimeError("strategy.use_gpu: true, but no CUDA device is visible to this process")
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    backend = "nccl" if use_gpu else "gloo"
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group(backend="nccl" if use_gpu else "gloo")
+        torch_dist.init_process_group(backend=backend)
+    elif is_sharded(cfg) and not torch_dist.is_initialized():
+        # FSDP needs a process group even alone (a device mesh of one): a private file rendezvous
+        fd, store = tempfile.mkstemp(prefix="tunewright-pg-")
+        os.close(fd)
+        torch_dist.init_process_group(backend=backend, init_method=f"file://{store}", rank=0, world_size=1)
     rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
     world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

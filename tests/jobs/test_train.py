@@ -149,3 +149,16 @@ def test_killed_run_resumes_with_no_step_repeated_or_skipped(tiny_models, tmp_pa
         torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5)
     losses = {r["step"]: r["loss"] for r in metrics(killed)}
     assert losses == pytest.approx({r["step"]: r["loss"] for r in metrics(straight)}, rel=1e-5)
+
+
+def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
+    """FSDP with one worker (a device mesh of one, no launcher) computes what a plain process does."""
+    single = make_config(tiny_models["llama"], tmp_path / "single", method={"type": "full"},
+                         hyperparameters={"max_steps": 3})
+    sharded = make_config(tiny_models["llama"], tmp_path / "fsdp", method={"type": "full"},
+                          hyperparameters={"max_steps": 3}, strategy={"type": "fsdp"})
+    train_without_ray(single)
+    result = train_without_ray(sharded)
+    assert result["strategy"] == "fsdp"
+    assert metrics(sharded)[0]["loss"] == pytest.approx(metrics(single)[0]["loss"], rel=1e-6)
+    assert metrics(sharded)[0]["grad_norm"] == pytest.approx(metrics(single)[0]["grad_norm"], rel=1e-5)

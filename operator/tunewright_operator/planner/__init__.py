@@ -1,0 +1,5 @@
+"""The planner: model profile + method + batch + GPU pool → layout, predictions and the reasons.
+
+Pure functions, no Kubernetes: `search.plan(workload, pool, calibration)` returns a `Plan`; the memory
+and time model is `estimate.py`, its constants are fitted to measured runs in `calibration.py`.
+"""

@@ -1,0 +1,77 @@
+"""GPUs, links and pools: datasheet leads, with measured values taking precedence.
+
+Rates are per GPU. `matmul_efficiency` and `memory_efficiency` are the shares of the datasheet peaks that
+training kernels reach; H200's come from runs measured here (planner/calibration_h200.json), the
+others are the same ratios until a pool's measurements replace them (`GPU.calibrated`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float  # usable by one process (datasheet less what the driver keeps)
+    bf16_flops: float  # dense, datasheet
+    hbm_bytes_per_s: float  # datasheet
+    matmul_efficiency: float = 0.5
+    memory_efficiency: float = 0.6
+
+    def calibrated(self, **measured: float) -> GPU:
+        return replace(self, **measured)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A collective's path: achievable bus bandwidth per GPU (nccl-tests' busbw) and per-call latency."""
+
+    name: str
+    bus_bytes_per_s: float
+    latency_s: float
+
+
+GPUS = {
+    "H200": GPU("H200", 139.0, 989e12, 4.8e12),
+    "H100": GPU("H100", 79.0, 989e12, 3.35e12),
+    "A100-80GB": GPU("A100-80GB", 79.0, 312e12, 2.0e12),
+    "A100-40GB": GPU("A100-40GB", 39.4, 312e12, 1.55e12),
+    "L40S": GPU("L40S", 44.5, 362e12, 0.864e12),
+    "L4": GPU("L4", 22.0, 121e12, 0.3e12),
+    "A10G": GPU("A10G", 22.0, 125e12, 0.6e12),
+}
+
+# busbw that large collectives reach, ~80-90% of the link's rate (nccl-tests PERFORMANCE.md). Between nodes
+# NCCL spreads rings over every NIC, so the bound is the node's total network rate.
+LINKS = {
+    "nvlink4": Link("NVLink 4 (H100/H200 SXM, 450 GB/s per direction)", 360e9, 10e-6),
+    "nvlink3": Link("NVLink 3 (A100 SXM, 300 GB/s per direction)", 240e9, 10e-6),
+    "pcie5": Link("PCIe Gen5 x16", 40e9, 15e-6),
+    "pcie4": Link("PCIe Gen4 x16", 20e9, 15e-6),
+    "ib-8x400g": Link("InfiniBand 8x400 Gb/s per node", 360e9, 20e-6),
+    "ib-8x200g": Link("InfiniBand 8x200 Gb/s per node", 180e9, 20e-6),
+    "eth-400g": Link("Ethernet 400 Gb/s per node", 45e9, 30e-6),
+    "eth-2x100g": Link("Ethernet 2x100 Gb/s per node", 22.5e9, 40e-6),
+    "eth-100g": Link("Ethernet 100 Gb/s per node", 11.25e9, 40e-6),
+    "eth-25g": Link("Ethernet 25 Gb/s per node", 2.8e9, 50e-6),
+}
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What a GPUPool resource describes: one kind of node, repeated up to `max_nodes`."""
+
+    name: str
+    gpu: GPU
+    gpus_per_node: int
+    max_nodes: int
+    intra_node: Link
+    inter_node: Link | None
+    price_per_gpu_hour: float
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus_per_node * self.max_nodes

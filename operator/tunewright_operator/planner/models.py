@@ -1,0 +1,123 @@
+"""Model profiles: the shapes the planner needs, from a config.json, a job spec, or a built-in catalog."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    tied_embeddings: bool
+    gated_mlp: bool = True  # SwiGLU/GeGLU (three matrices) vs GPT-2's two
+    max_positions: int = 0  # learned position embeddings (GPT-2); 0 for RoPE models
+    head_dim_override: int = 0  # when heads x head_dim != hidden (Gemma 2)
+
+    @property
+    def family(self) -> str:
+        """Kernel behaviour class for calibration: GPT-2's unfused blocks, or a Llama-style gated block."""
+        return "llama" if self.gated_mlp else "gpt2"
+
+    @property
+    def head_dim(self) -> int:
+        return self.head_dim_override or self.hidden // self.heads
+
+    @property
+    def layer_linear_params(self) -> int:
+        """Weights of one decoder block's matrices (biases and norms are negligible and ignored)."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attention = self.hidden * (q + 2 * kv) + q * self.hidden
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+        return attention + mlp
+
+    @property
+    def linear_modules_per_layer(self) -> int:
+        """LoRA `all-linear` targets per block (GPT-2 fuses q, k, v into one matrix)."""
+        return 7 if self.gated_mlp else 4
+
+    @property
+    def params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2) + self.max_positions * self.hidden
+        norms = (2 * self.layers + 1) * self.hidden
+        return self.layers * self.layer_linear_params + embeddings + norms
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matrix product per token: every block and the output head."""
+        return self.layers * self.layer_linear_params + self.vocab * self.hidden
+
+    def lora_params(self, rank: int) -> int:
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, f = self.hidden, self.ffn
+        if self.gated_mlp:  # (in + out) x r for q, k, v, o, gate, up, down
+            shapes = [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
+        else:  # c_attn, c_proj, c_fc, mlp.c_proj
+            shapes = [(h, h + 2 * kv), (h, h), (h, f), (f, h)]
+        return self.layers * rank * sum(i + o for i, o in shapes)
+
+    def flops_per_token(self, seq_len: int, method: str) -> float:
+        """Model FLOPs per trained token (REFERENCE.md): 6Ψ + 12·L·h·s full, 4Ψ + 12·L·h·s LoRA."""
+        return (6 if method == "full" else 4) * self.params + 12 * self.layers * self.hidden * seq_len
+
+
+def from_hf_config(name: str, config: dict) -> ModelProfile:
+    """A profile from a Hugging Face config.json (Llama, Qwen2, Mistral, Gemma, Phi-3 and GPT-2 layouts)."""
+    if config.get("model_type") == "gpt2" or "n_embd" in config:
+        hidden = config["n_embd"]
+        return ModelProfile(name, config["n_layer"], hidden, config["n_head"], config["n_head"],
+                            config.get("n_inner") or 4 * hidden, config["vocab_size"], True, gated_mlp=False,
+                            max_positions=config.get("n_positions", 1024))
+    try:
+        heads = config["num_attention_heads"]
+        hidden = config["hidden_size"]
+        head_dim = config.get("head_dim") or hidden // heads
+        return ModelProfile(name, config["num_hidden_layers"], hidden, heads,
+                            config.get("num_key_value_heads") or heads, config["intermediate_size"],
+                            config["vocab_size"], bool(config.get("tie_word_embeddings", False)),
+                            head_dim_override=head_dim if head_dim * heads != hidden else 0)
+    except KeyError as missing:
+        raise ValueError(f"model config.json of {name} lacks {missing}: cannot profile it") from None
+
+
+def _llama(name, layers, hidden, heads, kv, ffn, vocab, tied=False, head_dim=0):
+    return ModelProfile(name, layers, hidden, heads, kv, ffn, vocab, tied, head_dim_override=head_dim)
+
+
+CATALOG: dict[str, ModelProfile] = {p.name: p for p in [
+    ModelProfile("gpt2", 12, 768, 12, 12, 3072, 50257, True, gated_mlp=False, max_positions=1024),
+    ModelProfile("gpt2-medium", 24, 1024, 16, 16, 4096, 50257, True, gated_mlp=False, max_positions=1024),
+    ModelProfile("gpt2-large", 36, 1280, 20, 20, 5120, 50257, True, gated_mlp=False, max_positions=1024),
+    ModelProfile("gpt2-xl", 48, 1600, 25, 25, 6400, 50257, True, gated_mlp=False, max_positions=1024),
+    _llama("meta-llama/Llama-3.2-1B", 16, 2048, 32, 8, 8192, 128256, tied=True),
+    _llama("meta-llama/Llama-3.2-3B", 28, 3072, 24, 8, 8192, 128256, tied=True),
+    _llama("meta-llama/Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256),
+    _llama("meta-llama/Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256),
+    _llama("Qwen/Qwen2.5-0.5B", 24, 896, 14, 2, 4864, 151936, tied=True),
+    _llama("Qwen/Qwen2.5-1.5B", 28, 1536, 12, 2, 8960, 151936, tied=True),
+    _llama("Qwen/Qwen2.5-3B", 36, 2048, 16, 2, 11008, 151936, tied=True),
+    _llama("Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064),
+    _llama("Qwen/Qwen2.5-14B", 48, 5120, 40, 8, 13824, 152064),
+    _llama("Qwen/Qwen2.5-32B", 64, 5120, 40, 8, 27648, 152064),
+    _llama("Qwen/Qwen2.5-72B", 80, 8192, 64, 8, 29568, 152064),
+    _llama("mistralai/Mistral-7B-v0.3", 32, 4096, 32, 8, 14336, 32768),
+    _llama("google/gemma-2-2b", 26, 2304, 8, 4, 9216, 256000, tied=True, head_dim=256),
+    _llama("google/gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, tied=True, head_dim=256),
+    _llama("google/gemma-2-27b", 46, 4608, 32, 16, 36864, 256000, tied=True, head_dim=128),
+    _llama("microsoft/Phi-3-mini-4k-instruct", 32, 3072, 32, 32, 8192, 32064),
+    _llama("microsoft/Phi-3-medium-4k-instruct", 40, 5120, 40, 10, 17920, 32064),
+]}
+
+
+def lookup(source: str) -> ModelProfile | None:
+    """The catalog entry for a model source (`hf://org/name`, `org/name`, or a bare GPT-2 size)."""
+    key = source.removeprefix("hf://").rstrip("/")
+    if key in CATALOG:
+        return CATALOG[key]
+    by_name = {k.lower(): v for k, v in CATALOG.items()} | {k.split("/")[-1].lower(): v for k, v in CATALOG.items()}
+    return by_name.get(key.lower()) or by_name.get(key.split("/")[-1].lower())

@@ -1,0 +1,189 @@
+"""The planner: published formulas, model profiles, calibration against measured H200 runs, search."""
+
+from pathlib import Path
+
+import pytest
+
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.estimate import FP32, Layout, Workload, estimate, state_bytes
+from tunewright_operator.planner.formulas import korthikanti_activation_bytes, zero_model_state_bytes
+from tunewright_operator.planner.hardware import GIB, GPUS, LINKS, Pool
+from tunewright_operator.planner.models import CATALOG, from_hf_config, lookup
+from tunewright_operator.planner.search import NoPlan, plan
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+MEASURED = sorted(RESULTS.glob("gpu_*_h200.json"))
+CAL, H200 = calibration.load()
+
+
+def pool(gpu="H100", per_node=8, nodes=1, inter=None, price=4.0):
+    measured = GPUS[gpu].calibrated(matmul_efficiency=H200.matmul_efficiency,
+                                    memory_efficiency=H200.memory_efficiency)
+    return Pool(f"{gpu}x{per_node}x{nodes}", measured, per_node, nodes, LINKS["nvlink4"],
+                LINKS[inter] if inter else None, price)
+
+
+# --- formulas and profiles ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("stage", "gb"), [(0, 120), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_zero_paper_figures(stage, gb):
+    """ZeRO paper, section 5.1: a 7.5B model on 64 GPUs."""
+    assert zero_model_state_bytes(7.5e9, 64, stage) / 1e9 == pytest.approx(gb, rel=0.01)
+
+
+def test_sixteen_bytes_per_parameter_and_our_accounting():
+    """The runtime keeps fp32 master weights and AdamW states (12Ψ) plus gradients (4Ψ, counted with the
+    activations they replace during backward): 16Ψ alone, 16Ψ/N sharded, as ZeRO-3's total."""
+    model = CATALOG["meta-llama/Llama-3.1-8B"]
+    w = Workload(model, "full", 2048, 8, 1)
+    single = state_bytes(w, Layout("single", 1, 1, 1, 8, False))
+    assert single["weights (fp32 master)"] + single["optimizer (AdamW m, v)"] + FP32 * model.params \
+        == zero_model_state_bytes(model.params, 1, 0)
+    sharded = state_bytes(w, Layout("fsdp", 8, 1, 1, 1, False, shard_group=8))
+    total = sharded["weights (fp32 master)"] + sharded["optimizer (AdamW m, v)"] + FP32 * model.params / 8
+    assert total == pytest.approx(zero_model_state_bytes(model.params, 8, 3))
+
+
+def test_korthikanti_activation_formula():
+    # GPT-3 175B layer (h=12288, a=96) at s=2048, b=1: 34 + 5·96·2048/12288 = 114 bytes per s·b·h
+    assert korthikanti_activation_bytes(2048, 1, 12288, 96, 1) == 2048 * 12288 * 114
+    assert korthikanti_activation_bytes(2048, 1, 12288, 96, 1, flash_attention=True) == 2048 * 12288 * 34
+
+
+@pytest.mark.parametrize(("name", "billions"), [
+    ("gpt2", 0.124), ("meta-llama/Llama-3.2-1B", 1.236), ("meta-llama/Llama-3.2-3B", 3.213),
+    ("meta-llama/Llama-3.1-8B", 8.03), ("meta-llama/Llama-3.1-70B", 70.55), ("Qwen/Qwen2.5-0.5B", 0.494),
+    ("Qwen/Qwen2.5-7B", 7.62), ("Qwen/Qwen2.5-72B", 72.7), ("mistralai/Mistral-7B-v0.3", 7.25),
+    ("google/gemma-2-9b", 9.24), ("microsoft/Phi-3-mini-4k-instruct", 3.82),
+])
+def test_catalog_parameter_counts_match_published(name, billions):
+    assert CATALOG[name].params / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_profiles_from_config_json_and_lookup():
+    llama = from_hf_config("x", {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+                                 "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                                 "vocab_size": 128256, "tie_word_embeddings": False})
+    assert llama.params == CATALOG["meta-llama/Llama-3.1-8B"].params
+    gpt2 = from_hf_config("y", {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+                                "vocab_size": 50257, "n_positions": 1024})
+    assert gpt2.params == CATALOG["gpt2"].params
+    assert lookup("hf://meta-llama/Llama-3.1-8B") is CATALOG["meta-llama/Llama-3.1-8B"]
+    assert lookup("Llama-3.1-8B") is CATALOG["meta-llama/Llama-3.1-8B"]
+    with pytest.raises(ValueError, match="lacks 'hidden_size'"):
+        from_hf_config("z", {"num_attention_heads": 4})
+
+
+# --- calibration against measurement -----------------------------------------------------------------
+
+def test_committed_calibration_is_the_fit_of_the_committed_measurements():
+    fitted, gpu = calibration.fit(calibration.load_measurements(MEASURED), GPUS["H200"])
+    for field in ("logits_bytes_per_vocab", "lora_traffic_bytes_per_hidden", "seconds_per_layer"):
+        assert getattr(fitted, field) == pytest.approx(getattr(CAL, field), rel=1e-6)
+    assert fitted.act_bytes_per_hidden == pytest.approx(CAL.act_bytes_per_hidden, rel=1e-6)
+    assert gpu.matmul_efficiency == pytest.approx(H200.matmul_efficiency, rel=1e-6)
+
+
+def test_prediction_error_on_measured_runs_within_targets():
+    rows = calibration.compare(calibration.load_measurements(MEASURED), CAL, H200)
+    stats = calibration.summary(rows)
+    assert len(rows) >= 12 and sum(not r["fit_set"] for r in rows) >= 8
+    assert stats["median_abs_step_error_held_out"] <= 0.10
+    assert stats["median_abs_memory_error_held_out"] <= 0.05
+    assert stats["worst_memory_under_prediction"] >= -0.03  # never promise memory that is not there
+
+
+def test_choosing_among_measured_layouts_costs_at_most_five_percent():
+    """Regret: for each workload measured in several layouts, the layout the model ranks fastest is within
+    5% of the fastest measured."""
+    groups: dict[tuple, list] = {}
+    for m in calibration.load_measurements(MEASURED):
+        groups.setdefault((m.workload.model.name, m.workload.method, m.layout.gpus), []).append(m)
+    checked = 0
+    for runs in groups.values():
+        if len(runs) < 2:
+            continue
+        def predicted(m):
+            e = estimate(m.workload, m.layout, calibration.measured_pool(H200, m.layout.gpus), CAL)
+            return m.workload.tokens_per_step / e.step_seconds
+        chosen = max(runs, key=predicted)
+        best = max(r.tokens_per_second for r in runs)
+        assert best / chosen.tokens_per_second - 1 <= 0.05, chosen.name
+        checked += 1
+    assert checked >= 5
+
+
+# --- search and explanation --------------------------------------------------------------------------
+
+def test_full_fine_tuning_of_8b_cannot_run_on_one_a100_40gb():
+    w = Workload(CATALOG["meta-llama/Llama-3.1-8B"], "full", 2048, 8, 100)
+    with pytest.raises(NoPlan, match=r"single: does not fit: \d+ GiB > 35 GiB usable per A100-40GB"):
+        plan(w, pool("A100-40GB", per_node=1), CAL)
+
+
+def test_lora_of_8b_fits_one_gpu_and_scales_out_with_ddp_or_fsdp():
+    w = Workload(CATALOG["meta-llama/Llama-3.1-8B"], "lora", 2048, 64, 500)
+    one = plan(w, pool(per_node=8), CAL, max_gpus=1)
+    assert (one.strategy, one.gpus) == ("single", 1) and one.predicted.peak_memory_gib < 71
+    eight = plan(w, pool(per_node=8), CAL, objective="fastest")
+    assert eight.gpus == 8 and eight.strategy in ("ddp", "fsdp")
+    assert eight.predicted.exposed_comm_share < 0.05  # adapters' gradients are tiny; NVLink hides the rest
+    assert eight.predicted.duration_seconds < one.predicted.duration_seconds / 6
+
+
+def test_70b_full_over_100g_ethernet_is_called_communication_bound():
+    w = Workload(CATALOG["meta-llama/Llama-3.1-70B"], "full", 2048, 64, 100)
+    chosen = plan(w, pool(per_node=8, nodes=4, inter="eth-100g"), CAL, objective="fastest")
+    assert chosen.strategy in ("fsdp", "hsdp") and chosen.gpus == 32
+    assert chosen.predicted.exposed_comm_share > 0.5
+    assert "communication-bound" in chosen.explanation
+    reasons = {r.strategy: r.reason for r in chosen.rejected}
+    assert reasons["single"].startswith("does not fit") and reasons["ddp"].startswith("does not fit")
+    fast_network = plan(w, pool(per_node=8, nodes=4, inter="ib-8x400g"), CAL, objective="fastest")
+    assert fast_network.predicted.step_seconds < chosen.predicted.step_seconds / 3
+
+
+def test_a_forced_strategy_is_honoured_and_still_predicted():
+    w = Workload(CATALOG["meta-llama/Llama-3.2-1B"], "full", 2048, 16, 100)
+    forced = plan(w, pool(per_node=8), CAL, strategy="ddp")
+    assert forced.strategy == "ddp" and forced.predicted.step_seconds > 0 and forced.predicted.cost_usd > 0
+    assert {r.strategy for r in forced.rejected} == set()  # only ddp was considered
+
+
+def test_objectives_budget_and_deadline():
+    w = Workload(CATALOG["meta-llama/Llama-3.2-3B"], "full", 2048, 32, 2000)
+    p = pool(per_node=8)
+    cheapest, fastest = plan(w, p, CAL, "cheapest"), plan(w, p, CAL, "fastest")
+    assert cheapest.predicted.cost_usd <= fastest.predicted.cost_usd
+    assert fastest.predicted.duration_seconds <= cheapest.predicted.duration_seconds
+    budget = (cheapest.predicted.cost_usd + fastest.predicted.cost_usd) / 2
+    within = plan(w, p, CAL, "fastest-within-budget", budget_usd=budget)
+    assert within.predicted.cost_usd <= budget
+    with pytest.raises(NoPlan, match="budget"):
+        plan(w, p, CAL, "fastest-within-budget", budget_usd=cheapest.predicted.cost_usd / 10)
+    deadline = plan(w, p, CAL, "cheapest-within-deadline", deadline_seconds=fastest.predicted.duration_seconds * 1.5)
+    assert deadline.predicted.duration_seconds <= fastest.predicted.duration_seconds * 1.5
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"objective": "quickest"}, "objective: must be one of"),
+    ({"strategy": "zero3"}, "strategy: must be auto or one of"),
+    ({"objective": "fastest-within-budget"}, "budget_usd: needed"),
+    ({"objective": "cheapest-within-deadline"}, "deadline_seconds: needed"),
+])
+def test_bad_requests_name_the_field(kwargs, message):
+    w = Workload(CATALOG["gpt2"], "full", 1024, 8, 10)
+    with pytest.raises(ValueError, match=message):
+        plan(w, pool(), CAL, **kwargs)
+
+
+def test_sharding_and_checkpointing_trade_memory_for_time():
+    w = Workload(CATALOG["meta-llama/Llama-3.1-8B"], "full", 4096, 64, 1)
+    p = pool(per_node=8)
+    two = estimate(w, Layout("fsdp", 2, 1, 2, 16, False, 2), p, CAL)
+    eight = estimate(w, Layout("fsdp", 8, 1, 2, 4, False, 8), p, CAL)
+    assert eight.peak_memory_bytes < two.peak_memory_bytes
+    recompute = estimate(w, Layout("fsdp", 8, 1, 2, 4, True, 8), p, CAL)
+    assert recompute.peak_memory_bytes < eight.peak_memory_bytes / 2
+    assert recompute.step_seconds > eight.step_seconds * 1.2
+    assert two.peak_memory_bytes / GIB > 100
