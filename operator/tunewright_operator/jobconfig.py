@@ -1,0 +1,77 @@
+"""FineTuneJob spec + chosen layout → the training runtime's job config (a plain dict).
+
+The operator does not import the runtime (its config is the runtime's own contract); a contract test
+parses what this emits with the runtime's loader.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunewright_operator.spec import FineTuneJobSpec
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """How to run: what the planner chose, or what a user forced."""
+
+    strategy: str  # single | ddp | fsdp | hsdp
+    workers: int
+    micro_batch: int
+    grad_accum: int
+    activation_checkpointing: bool
+    use_gpu: bool
+    shard_group: int = 1
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch * self.grad_accum * self.workers
+
+
+def runtime_config(spec: FineTuneJobSpec, layout: LayoutChoice, *, name: str, output_dir: str, train: str,
+                   validation: str | None, checkpoint_storage: str | None = None,
+                   metrics_path: str | None = None) -> dict:
+    """`train`/`validation` are what the workers read (uploaded file ids resolved to paths by the caller)."""
+    hp, method = spec.hyperparameters, spec.method
+    hyperparameters = {
+        "learning_rate": hp.learning_rate, "seq_len": hp.seq_len, "warmup_ratio": hp.warmup_ratio,
+        "weight_decay": hp.weight_decay, "seed": hp.seed,
+        # the layout fixes the global batch; a batch given in the spec was an input to choosing it
+        "global_batch_size": layout.global_batch_size,
+    }
+    if hp.max_steps is not None:
+        hyperparameters["max_steps"] = hp.max_steps
+    hyperparameters["epochs"] = hp.epochs or 1
+    strategy = {"type": layout.strategy, "num_workers": layout.workers, "use_gpu": layout.use_gpu,
+                "micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum,
+                "activation_checkpointing": layout.activation_checkpointing}
+    if layout.strategy == "hsdp":
+        strategy["hsdp_shard_size"] = layout.shard_group
+    config = {
+        "name": name,
+        "output_dir": output_dir,
+        "model": {"source": spec.model.source, "revision": spec.model.revision},
+        "method": {"type": method.type, "lora": {"r": method.lora.r, "alpha": method.lora.alpha,
+                                                 "dropout": method.lora.dropout,
+                                                 "target_modules": list(method.lora.target_modules)}},
+        "dataset": {"train": train, "validation": validation, "format": spec.dataset.format},
+        "hyperparameters": hyperparameters,
+        "strategy": strategy,
+        "checkpoint": {"storage": checkpoint_storage or spec.checkpoint.storage,
+                       "every_steps": spec.checkpoint.every_steps},
+        "metrics": {"path": metrics_path},
+    }
+    return config
+
+
+def requested_global_batch(spec: FineTuneJobSpec) -> int | None:
+    """Sequences per step the spec asks for, if any (tokens are converted at the spec's sequence length)."""
+    hp = spec.hyperparameters
+    if hp.global_batch_size is not None:
+        return hp.global_batch_size
+    if hp.global_batch_tokens is not None:
+        if hp.global_batch_tokens % hp.seq_len:
+            raise ValueError(f"hyperparameters.globalBatchTokens: {hp.global_batch_tokens} is not a multiple of "
+                             f"seqLen ({hp.seq_len})")
+        return hp.global_batch_tokens // hp.seq_len
+    return None

@@ -1,0 +1,57 @@
+import pytest
+from pydantic import ValidationError
+
+from tunewright_operator.jobconfig import requested_global_batch
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
+from tunewright_operator.planner.jobs import layout_choice, plan_job, workload
+from tunewright_operator.planner.models import CATALOG
+from tunewright_operator.spec import FineTuneJobSpec
+
+SPEC = {
+    "model": {"source": "hf://meta-llama/Llama-3.1-8B"},
+    "method": {"type": "lora", "lora": {"r": 16, "alpha": 32, "targetModules": ["all-linear"]}},
+    "dataset": {"train": "file-abc", "format": "chat"},
+    "hyperparameters": {"maxSteps": 500, "learningRate": 1e-4, "globalBatchTokens": 131072, "seqLen": 2048},
+    "resources": {"maxGPUs": 8, "strategy": "auto", "budgetUSD": 500},
+}
+
+
+def test_camel_case_on_the_wire():
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    assert spec.resources.max_gpus == 8 and spec.resources.budget_usd == 500
+    assert spec.method.lora.target_modules == ["all-linear"]
+    dumped = spec.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["resources"]["maxGPUs"] == 8 and dumped["hyperparameters"]["globalBatchTokens"] == 131072
+    assert FineTuneJobSpec.model_validate(dumped) == spec
+    assert requested_global_batch(spec) == 64
+
+
+@pytest.mark.parametrize(("patch", "field"), [
+    ({"method": {"type": "qlora"}}, ("method", "type")),
+    ({"resources": {"maxGPUs": 0}}, ("resources", "maxGPUs")),
+    ({"hyperparameters": {"seqLen": -1}}, ("hyperparameters", "seqLen")),
+    ({"surprise": True}, ("surprise",)),
+])
+def test_rejections_name_the_camel_case_field(patch, field):
+    with pytest.raises(ValidationError) as err:
+        FineTuneJobSpec.model_validate(SPEC | patch)
+    assert any(e["loc"][: len(field)] == field for e in err.value.errors())
+
+
+def test_a_spec_is_planned_within_its_budget_and_gpu_cap():
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    cal, h200 = calibration.load()
+    gpu = GPUS["H100"].calibrated(matmul_efficiency=h200.matmul_efficiency, memory_efficiency=h200.memory_efficiency)
+    pool = Pool("h100", gpu, 8, 2, LINKS["nvlink4"], LINKS["ib-8x400g"], 4.0)
+    chosen = plan_job(spec, pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
+    assert chosen.gpus <= 8 and chosen.predicted.cost_usd <= 500
+    layout = layout_choice(chosen)
+    assert layout.global_batch_size == 64
+
+
+def test_steps_come_from_epochs_and_dataset_size():
+    spec = FineTuneJobSpec.model_validate(SPEC | {"hyperparameters": {"epochs": 2, "globalBatchSize": 8, "seqLen": 1024}})
+    assert workload(spec, CATALOG["gpt2"], dataset_tokens=8 * 1024 * 10 + 1).steps == 22
+    with pytest.raises(ValueError, match="maxSteps: needed"):
+        workload(spec, CATALOG["gpt2"], dataset_tokens=None)
