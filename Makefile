@@ -10,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[jobs,operator,dev]"
+	$(PY) -m pip install -q -e ".[jobs,operator,api,dev]"
 	touch $@
 
 venv: $(VENV)/.installed

@@ -154,6 +154,9 @@ class EvalConfig(_Strict):
 
 class MetricsConfig(_Strict):
     path: str | None = Field(default=None, description="JSONL file of per-step metrics; default: <output_dir>/metrics.jsonl.")
+    endpoint: str | None = Field(
+        default=None, description="Telemetry URL to post records to as well (token: TUNEWRIGHT_TELEMETRY_TOKEN)."
+    )
     log_every_steps: PositiveInt = 1
 
 

@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
+import threading
 import time
+import urllib.error
+import urllib.request
+from collections import deque
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+log = logging.getLogger(__name__)
 
 class MetricsSink(Protocol):
     def emit(self, record: dict) -> None: ...
@@ -50,6 +56,81 @@ class JsonlSink:
 
     def close(self) -> None:
         self._fh.close()
+
+
+class HttpSink:
+    """Posts records to the API's telemetry endpoint from a background thread.
+
+    Training never waits on it: records queue in memory (the oldest are dropped past `max_buffered`, and
+    counted), failed posts are retried with backoff, and `close` flushes for at most `flush_seconds`.
+    The per-job token comes from the environment (TUNEWRIGHT_TELEMETRY_TOKEN), never from the config.
+    """
+
+    def __init__(self, endpoint: str, token: str | None, max_buffered: int = 100_000, flush_seconds: float = 10.0,
+                 batch: int = 500):
+        self.endpoint, self.token = endpoint, token
+        self.flush_seconds, self.batch = flush_seconds, batch
+        self._queue: deque[dict] = deque(maxlen=max_buffered)
+        self.dropped = 0
+        self._wake = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="tunewright-telemetry", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: dict) -> None:
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append({"time": round(time.time(), 3), **record})
+        self._wake.set()
+
+    def _post(self, records: list[dict]) -> bool:
+        body = json.dumps({"records": records}).encode()
+        request = urllib.request.Request(self.endpoint, data=body, method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return 200 <= response.status < 300
+        except (urllib.error.URLError, OSError) as err:
+            log.debug("telemetry post failed: %s", err)
+            return False
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            self._wake.wait(timeout=backoff)
+            self._wake.clear()
+            while self._queue:
+                records = [self._queue[i] for i in range(min(self.batch, len(self._queue)))]
+                if not self._post(records):
+                    backoff = min(backoff * 2, 30.0)
+                    break
+                for _ in records:
+                    self._queue.popleft()
+                backoff = 0.5
+            if self._closing and (not self._queue or time.monotonic() > self._deadline):
+                return
+
+    def close(self) -> None:
+        self._deadline = time.monotonic() + self.flush_seconds
+        self._closing = True
+        self._wake.set()
+        self._thread.join(self.flush_seconds + 1)
+        if self._queue or self.dropped:
+            log.warning("telemetry: %d records not delivered, %d dropped", len(self._queue), self.dropped)
+
+
+class TeeSink:
+    def __init__(self, *sinks: MetricsSink):
+        self.sinks = sinks
+
+    def emit(self, record: dict) -> None:
+        for sink in self.sinks:
+            sink.emit(record)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
 
 
 class NullSink:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from tunewright_jobs.data import (
 )
 from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
-from tunewright_jobs.metrics import JsonlSink, MetricsSink, NullSink, PhaseTimer
+from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts
 from tunewright_jobs.parallel import Dist, autocast, gradient_sync, is_sharded, wrap_model
 
@@ -208,8 +209,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
             start_step = state["step"]
             log.info("resumed from %s at step %d", path, start_step)
 
-    sink: MetricsSink = (JsonlSink(cfg.metrics_path, resume_step=start_step if start_step else None)
-                         if dist.is_main else NullSink())
+    sink = open_sink(cfg, dist, start_step)
     if start_step == 0:
         sink.emit({"event": "start", "step": 0, "total_steps": steps, "steps_per_epoch": batches.steps_per_epoch,
                    "strategy": cfg.strategy.type, "workers": dist.world_size, "device": dist.device.type,
@@ -270,6 +270,15 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     if dist.is_main:
         (Path(cfg.output_dir) / "result.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def open_sink(cfg: JobConfig, dist: Dist, start_step: int) -> MetricsSink:
+    if not dist.is_main:
+        return NullSink()
+    file_sink = JsonlSink(cfg.metrics_path, resume_step=start_step if start_step else None)
+    if cfg.metrics.endpoint is None:
+        return file_sink
+    return TeeSink(file_sink, HttpSink(cfg.metrics.endpoint, os.environ.get("TUNEWRIGHT_TELEMETRY_TOKEN")))
 
 
 def summarize_window(window: list[StepStats], phases: dict[str, float], data_seconds: float, wall: float,

@@ -30,7 +30,7 @@ class LayoutChoice:
 
 def runtime_config(spec: FineTuneJobSpec, layout: LayoutChoice, *, name: str, output_dir: str, train: str,
                    validation: str | None, checkpoint_storage: str | None = None,
-                   metrics_path: str | None = None) -> dict:
+                   metrics_path: str | None = None, telemetry_endpoint: str | None = None) -> dict:
     """`train`/`validation` are what the workers read (uploaded file ids resolved to paths by the caller)."""
     hp, method = spec.hyperparameters, spec.method
     hyperparameters = {
@@ -59,7 +59,7 @@ def runtime_config(spec: FineTuneJobSpec, layout: LayoutChoice, *, name: str, ou
         "strategy": strategy,
         "checkpoint": {"storage": checkpoint_storage or spec.checkpoint.storage,
                        "every_steps": spec.checkpoint.every_steps},
-        "metrics": {"path": metrics_path},
+        "metrics": {"path": metrics_path, "endpoint": telemetry_endpoint},
     }
     return config
 

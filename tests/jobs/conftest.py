@@ -1,20 +1,12 @@
-"""Shared fixtures: the tiny models (built once per session) and job configs pointing at them."""
+"""Job configs pointing at the tiny models (tests/conftest.py builds them once per session)."""
 
 import copy
 import json
 import os
 from pathlib import Path
 
-import pytest
-
 from tunewright_jobs.config import JobConfig
-from tunewright_jobs.tiny import DATA_DIR, build_model
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny-models")
-    return {kind: build_model(kind, root / kind) for kind in ("gpt2", "llama")}
+from tunewright_jobs.tiny import DATA_DIR
 
 
 def base_config(model_dir: Path, output_dir: Path, **overrides) -> dict:

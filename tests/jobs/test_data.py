@@ -180,3 +180,23 @@ def test_shipped_dataset_matches_its_generator():
     assert read_jsonl(tiny.DATA_DIR / "validation.jsonl", "chat") == validation
     train_reviews = {r["messages"][1]["content"] for r in train}
     assert not any(r["messages"][1]["content"] in train_reviews for r in validation)
+
+
+@pytest.mark.parametrize(("lines", "expected"), [
+    ([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], {"format": "chat", "examples": 1}),
+    ([{"prompt": "a", "completion": "b"}] * 3, {"format": "prompt_completion", "examples": 3}),
+    ([{"text": "a"}, {"text": "b"}], {"format": "text", "examples": 2}),
+])
+def test_validate_detects_the_format(tmp_path, lines, expected):
+    from tunewright_jobs.validate import validate
+
+    assert validate(write(tmp_path, lines), "auto") == expected
+
+
+def test_validate_reports_line_numbers_and_undetectable_files(tmp_path):
+    from tunewright_jobs.validate import main, validate
+
+    result = validate(write(tmp_path, [{"text": "a"}, {"text": ""}]), "auto")
+    assert result["format"] == "text" and result["errors"][0].endswith('data.jsonl:2: "text" must be a non-empty string')
+    assert "cannot tell the format" in validate(write(tmp_path, [{"foo": 1}]), "auto")["errors"][0]
+    assert main([str(write(tmp_path, ["{bad"])), "--format", "text"]) == 1

@@ -1,0 +1,75 @@
+"""Bearer tokens: stored as sha256 of a random secret; a token belongs to one tenant."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Header, HTTPException, Request
+from sqlmodel import Session, select
+
+from tunewright_api.models import ApiToken, Tenant
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return "tw-" + secrets.token_urlsafe(32)
+
+
+def issue_token(session: Session, tenant_name: str, name: str = "", admin: bool = False,
+                token: str | None = None) -> tuple[Tenant, str]:
+    """Create the tenant if needed and a token for it; returns the secret (shown once)."""
+    tenant = session.exec(select(Tenant).where(Tenant.name == tenant_name)).first()
+    if tenant is None:
+        tenant = Tenant(name=tenant_name)
+        session.add(tenant)
+        session.flush()
+    token = token or new_token()
+    if session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first() is None:
+        session.add(ApiToken(tenant_id=tenant.id, name=name, token_hash=hash_token(token), admin=admin))
+    session.commit()
+    return tenant, token
+
+
+def get_session(request: Request):
+    with Session(request.app.state.engine) as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+def _bearer(authorization: str | None) -> str:
+    if not authorization or not authorization.lower().startswith("bearer "):
+        raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'")
+    return authorization.split(None, 1)[1].strip()
+
+
+def current_token(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> ApiToken:
+    token = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(_bearer(authorization)))).first()
+    if token is None:
+        raise HTTPException(401, "invalid token")
+    return token
+
+
+TokenDep = Annotated[ApiToken, Depends(current_token)]
+
+
+def current_tenant(token: TokenDep, session: SessionDep) -> Tenant:
+    return session.get(Tenant, token.tenant_id)
+
+
+CurrentTenant = Annotated[Tenant, Depends(current_tenant)]
+
+
+def require_admin(token: TokenDep) -> ApiToken:
+    if not token.admin:
+        raise HTTPException(403, "this route needs an admin token")
+    return token
+
+
+AdminToken = Annotated[ApiToken, Depends(require_admin)]

@@ -1,0 +1,49 @@
+"""One error envelope for every route, OpenAI's: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def envelope(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    body = {"error": {"message": message, "type": TYPES.get(status, "api_error"), "param": param, "code": code}}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError):
+        return envelope(exc.status, exc.message, exc.param, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        return envelope(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        first = exc.errors()[0]
+        loc = [str(p) for p in first["loc"] if p not in ("body", "query", "path", "header")]
+        param = ".".join(loc) or None
+        messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", e["msg"]) for e in exc.errors()]
+        return envelope(422, "; ".join(messages), param, "invalid_value")
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return envelope(500, f"internal error ({type(exc).__name__}); the server log has the details")

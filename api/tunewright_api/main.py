@@ -1,0 +1,47 @@
+"""The FastAPI application: `uvicorn tunewright_api.main:app`, or `create_app(settings)` in tests."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlmodel import Session
+
+from tunewright_api import errors
+from tunewright_api.auth import issue_token
+from tunewright_api.backends.local import LocalBackend
+from tunewright_api.db import create_schema, make_engine
+from tunewright_api.routes import files, health, jobs, tokens
+from tunewright_api.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = make_engine(settings.resolved_database_url)
+        create_schema(engine)
+        if settings.admin_token:
+            with Session(engine) as session:
+                issue_token(session, "admin", "bootstrap", admin=True, token=settings.admin_token)
+        backend = LocalBackend(settings, engine)
+        app.state.settings, app.state.engine, app.state.backend = settings, engine, backend
+        backend.start()
+        yield
+        backend.stop()
+        engine.dispose()
+
+    app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan,
+                  description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
+    errors.install(app)
+    for router in (health.router, tokens.router, files.router, jobs.router, jobs.internal):
+        app.include_router(router)
+    return app
+
+
+app = create_app()

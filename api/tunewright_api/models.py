@@ -1,0 +1,158 @@
+"""Tables and API shapes, one family per resource (table / Public)."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic import Field as PydanticField
+from sqlalchemy import JSON, Column
+from sqlmodel import Field, SQLModel
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+# --- tenants and tokens ------------------------------------------------------------------------------
+
+
+class Tenant(SQLModel, table=True):
+    id: str = Field(default_factory=lambda: new_id("tenant"), primary_key=True)
+    name: str = Field(unique=True, index=True)
+    created_at: datetime = Field(default_factory=now)
+
+
+class ApiToken(SQLModel, table=True):
+    id: str = Field(default_factory=lambda: new_id("tok"), primary_key=True)
+    tenant_id: str = Field(foreign_key="tenant.id", index=True)
+    name: str = ""
+    token_hash: str = Field(unique=True, index=True)  # sha256 of a 256-bit random secret
+    admin: bool = False
+    created_at: datetime = Field(default_factory=now)
+
+
+class TokenCreate(BaseModel):
+    tenant: str = PydanticField(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    name: str = ""
+    admin: bool = False
+
+
+class TokenPublic(SQLModel):
+    id: str
+    tenant: str
+    token: str  # shown once
+
+
+# --- files -------------------------------------------------------------------------------------------
+
+
+class StoredFile(SQLModel, table=True):
+    __tablename__ = "files"
+    id: str = Field(default_factory=lambda: new_id("file"), primary_key=True)
+    tenant_id: str = Field(foreign_key="tenant.id", index=True)
+    filename: str
+    purpose: str
+    bytes: int
+    format: str
+    examples: int
+    path: str
+    created_at: datetime = Field(default_factory=now)
+
+
+class FilePublic(SQLModel):
+    id: str
+    object: str = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = "processed"
+    format: str
+    examples: int
+
+    @classmethod
+    def of(cls, f: StoredFile) -> FilePublic:
+        return cls(id=f.id, bytes=f.bytes, created_at=int(f.created_at.timestamp()), filename=f.filename,
+                   purpose=f.purpose, format=f.format, examples=f.examples)
+
+
+# --- jobs --------------------------------------------------------------------------------------------
+
+
+class Job(SQLModel, table=True):
+    id: str = Field(default_factory=lambda: new_id("ftjob"), primary_key=True)
+    tenant_id: str = Field(foreign_key="tenant.id", index=True)
+    status: str = Field(default="queued", index=True)
+    model: str
+    spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    error_code: str | None = None
+    error_message: str | None = None
+    created_at: datetime = Field(default_factory=now)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    trained_tokens: int = 0
+    telemetry_token_hash: str = ""
+    run_dir: str = ""
+    pid: int | None = None
+
+
+class JobPublic(SQLModel):
+    id: str
+    object: str = "tunewright.job"
+    status: str
+    model: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    spec: dict[str, Any]
+    plan: dict[str, Any] | None
+    progress: dict[str, Any]
+    result: dict[str, Any] | None
+    error: dict[str, str] | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobPublic:
+        progress = {"step": job.step, "totalSteps": job.total_steps, "loss": job.loss,
+                    "tokensPerSecond": job.tokens_per_second, "trainedTokens": job.trained_tokens}
+        error = {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
+        return cls(id=job.id, status=job.status, model=job.model, created_at=job.created_at,
+                   started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=job.plan,
+                   progress=progress, result=job.result, error=error)
+
+
+class JobEvent(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    created_at: datetime = Field(default_factory=now)
+    level: str = "info"
+    type: str = "message"  # message | metrics
+    message: str
+    data: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+
+
+class MetricPoint(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    step: int = Field(index=True)
+    time: float
+    data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+
+
+class ListEnvelope(SQLModel):
+    object: str = "list"
+    data: list[Any]
+    has_more: bool = False

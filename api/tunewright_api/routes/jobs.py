@@ -1,0 +1,191 @@
+"""Native jobs: POST the FineTuneJob spec; list, get, cancel, events, metrics, checkpoints."""
+
+import hmac
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from pydantic import BaseModel
+from sqlmodel import select
+
+from tunewright_api.auth import CurrentTenant, SessionDep, hash_token, new_token
+from tunewright_api.backends.local import add_event
+from tunewright_api.errors import ApiError
+from tunewright_api.models import Job, JobEvent, JobPublic, ListEnvelope, MetricPoint, StoredFile
+from tunewright_api.routes.files import owned_file
+from tunewright_api.states import TERMINAL
+from tunewright_operator.jobconfig import LayoutChoice, requested_global_batch, runtime_config
+from tunewright_operator.spec import FineTuneJobSpec
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+internal = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
+DEFAULT_GLOBAL_BATCH = 16
+MAX_MICRO_BATCH = 8
+FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
+
+
+def owned_job(session, tenant, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None or job.tenant_id != tenant.id:  # another tenant's job does not exist for you
+        raise ApiError(404, f"no job {job_id}", "job_id", "not_found")
+    return job
+
+
+def resolve_dataset(session, tenant, value: str | None, param: str) -> StoredFile | None:
+    if value is None:
+        return None
+    if not FILE_ID.match(value):
+        raise ApiError(422, f"{value!r} is not an uploaded file id (file-...): upload it with POST /v1/files",
+                       param, "invalid_file")
+    try:
+        return owned_file(session, tenant, value)
+    except ApiError:
+        raise ApiError(422, f"no file {value}", param, "file_not_found") from None
+
+
+def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
+    """The local pool is this machine: DDP over its GPUs, or over `local_workers` CPU workers.
+
+    (The planner models GPUs; on a CPU-only machine the layout is fixed by the worker count.)
+    """
+    use_gpu = settings.local_gpus > 0
+    workers = settings.local_gpus if use_gpu else max(1, min(settings.local_workers, os.cpu_count() or 1))
+    strategy = spec.resources.strategy
+    if strategy == "auto":
+        strategy = "ddp" if workers > 1 else "single"
+    if strategy == "single":
+        workers = 1
+    if strategy == "hsdp":
+        raise ApiError(422, "hsdp needs several nodes; the local pool is one machine", "resources.strategy",
+                       "invalid_value")
+    batch = requested_global_batch(spec) or DEFAULT_GLOBAL_BATCH
+    if batch % workers:
+        raise ApiError(422, f"a global batch of {batch} sequences does not divide over {workers} workers",
+                       "hyperparameters.globalBatchSize", "invalid_value")
+    per_worker = batch // workers
+    micro = max(m for m in range(1, min(per_worker, MAX_MICRO_BATCH) + 1) if per_worker % m == 0)
+    layout = LayoutChoice(strategy, workers, micro, per_worker // micro, False, use_gpu=use_gpu,
+                          shard_group=workers if strategy == "fsdp" else 1)
+    device = f"{workers} GPU{'s' if workers > 1 else ''}" if use_gpu else f"{workers} CPU worker{'s' if workers > 1 else ''}"
+    why = (f"local pool: {strategy} on {device} (Ray, gloo on CPU), micro-batch {micro} x {per_worker // micro} "
+           f"accumulation = {batch} sequences per step")
+    return layout, why
+
+
+@router.post("", status_code=201)
+def create_job(spec: FineTuneJobSpec, request: Request, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
+    settings, backend = request.app.state.settings, request.app.state.backend
+    train = resolve_dataset(session, tenant, spec.dataset.train, "dataset.train")
+    validation = resolve_dataset(session, tenant, spec.dataset.validation, "dataset.validation")
+    if train.format != spec.dataset.format:
+        raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
+                       "dataset.format", "invalid_value")
+    layout, why = local_layout(spec, settings)
+    job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True))
+    telemetry_token = new_token()
+    job.telemetry_token_hash = hash_token(telemetry_token)
+    run_dir = backend.run_dir(job)
+    job.plan = {"strategy": layout.strategy, "workers": layout.workers, "useGPU": layout.use_gpu,
+                "microBatch": layout.micro_batch, "gradAccum": layout.grad_accum, "explanation": why}
+    job.config = runtime_config(
+        spec, layout, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
+        validation=validation.path if validation else None, checkpoint_storage=str(run_dir / "checkpoints"),
+        telemetry_endpoint=f"{settings.public_url.rstrip('/')}/v1/internal/jobs/{job.id}/telemetry")
+    backend.prepare(job, telemetry_token)
+    session.add(job)
+    add_event(session, job, f"queued; plan: {why}")
+    session.commit()
+    return JobPublic.of(job)
+
+
+@router.get("")
+def list_jobs(session: SessionDep, tenant: CurrentTenant, after: str | None = None,
+              limit: Annotated[int, Query(ge=1, le=100)] = 20) -> ListEnvelope:
+    query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.created_at.desc(), Job.id.desc())
+    jobs = list(session.exec(query).all())
+    if after is not None:
+        ids = [j.id for j in jobs]
+        if after not in ids:
+            raise ApiError(404, f"no job {after}", "after", "not_found")
+        jobs = jobs[ids.index(after) + 1:]
+    return ListEnvelope(data=[JobPublic.of(j) for j in jobs[:limit]], has_more=len(jobs) > limit)
+
+
+@router.get("/{job_id}")
+def get_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
+    return JobPublic.of(owned_job(session, tenant, job_id))
+
+
+@router.post("/{job_id}/cancel")
+def cancel_job(job_id: str, request: Request, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
+    job = owned_job(session, tenant, job_id)
+    if job.status in TERMINAL:
+        raise ApiError(409, f"job {job_id} already {job.status}", "job_id", "already_finished")
+    request.app.state.backend.cancel(session, job)
+    session.refresh(job)
+    return JobPublic.of(job)
+
+
+@router.get("/{job_id}/events")
+def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ListEnvelope:
+    owned_job(session, tenant, job_id)
+    events = session.exec(select(JobEvent).where(JobEvent.job_id == job_id)
+                          .order_by(JobEvent.id.desc()).limit(limit + 1)).all()
+    data = [{"id": f"ftevent-{e.id}", "object": "fine_tuning.job.event", "created_at": int(e.created_at.timestamp()),
+             "level": e.level, "message": e.message, "type": e.type, "data": e.data} for e in events[:limit]]
+    return ListEnvelope(data=data, has_more=len(events) > limit)
+
+
+@router.get("/{job_id}/metrics")
+def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
+                max_points: Annotated[int, Query(ge=2, le=10000)] = 500) -> ListEnvelope:
+    """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
+    owned_job(session, tenant, job_id)
+    points = session.exec(select(MetricPoint).where(MetricPoint.job_id == job_id).order_by(MetricPoint.step)).all()
+    if len(points) > max_points:
+        stride = len(points) / (max_points - 1)
+        points = [points[int(i * stride)] for i in range(max_points - 1)] + [points[-1]]
+    return ListEnvelope(data=[{"step": p.step, "time": p.time, **p.data} for p in points])
+
+
+@router.get("/{job_id}/checkpoints")
+def job_checkpoints(job_id: str, session: SessionDep, tenant: CurrentTenant) -> ListEnvelope:
+    job = owned_job(session, tenant, job_id)
+    root = Path(job.config["checkpoint"]["storage"]) / job.id if job.config else None
+    steps = sorted(root.glob("step_*")) if root and root.is_dir() else []
+    data = [{"id": f"ftckpt-{job.id}-{p.name}", "object": "fine_tuning.job.checkpoint",
+             "step_number": int(p.name.removeprefix("step_")), "fine_tuning_job_id": job.id, "path": str(p)}
+            for p in reversed(steps)]
+    return ListEnvelope(data=data)
+
+
+class TelemetryBatch(BaseModel):
+    records: list[dict[str, Any]]
+
+
+@internal.post("/{job_id}/telemetry", status_code=204)
+def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
+           authorization: Annotated[str | None, Header()] = None) -> None:
+    """Workers' metrics, authenticated by the job's own token (not a tenant token)."""
+    job = session.get(Job, job_id)
+    presented = hash_token((authorization or "").removeprefix("Bearer ").strip())
+    if job is None or not hmac.compare_digest(presented, job.telemetry_token_hash):
+        raise ApiError(401, "invalid telemetry token for this job")
+    for record in batch.records:
+        event = record.get("event")
+        if event == "start":
+            job.total_steps = record.get("total_steps")
+        elif event == "step":
+            data = {k: v for k, v in record.items() if k not in ("event", "step", "time")}
+            session.add(MetricPoint(job_id=job.id, step=record["step"], time=record.get("time", 0.0), data=data))
+            job.step, job.loss = record["step"], record.get("loss")
+            job.tokens_per_second = record.get("tokens_per_second")
+            job.trained_tokens += int(record.get("tokens", 0))
+        elif event == "eval":
+            data = {k: v for k, v in record.items() if k not in ("event", "time", "samples")}
+            add_event(session, job, f"evaluation at step {record.get('step')}", type_="metrics", data=data)
+    session.add(job)
+    session.commit()

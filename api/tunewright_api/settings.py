@@ -1,0 +1,33 @@
+"""Service settings, from the environment (TUNEWRIGHT_*) or a .env file."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TUNEWRIGHT_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Path(".tunewright")
+    database_url: str | None = None  # default: SQLite file in data_dir
+    admin_token: str | None = None  # bootstrap: a token of the admin tenant, created at startup
+    backend: Literal["local"] = "local"
+    public_url: str = "http://127.0.0.1:8000"  # what workers use to reach the telemetry endpoint
+    max_running_jobs: int = 1  # local backend: jobs at once (each takes the machine's CPUs or GPUs)
+    local_workers: int = 2  # local backend on CPU: Ray workers per job
+    local_gpus: int = 0  # local backend: GPUs of this machine to use (0: train on the CPU)
+    local_ray: bool = True  # run jobs on a local Ray (False: one plain process per job, e.g. for tests)
+    max_upload_bytes: int = 512 * 2**20
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'tunewright.db').resolve()}"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,165 @@
+"""The REST API against a real server: auth, envelopes, files, the job lifecycle, isolation, restarts."""
+
+import os
+import re
+
+import pytest
+
+from tests.api.conftest import TRAIN, VALIDATION, Server, tiny_spec, upload, wait_for
+from tests.jobs.conftest import python_path  # noqa: F401  (the runtime must be importable by job processes)
+
+
+def test_health_is_open_and_everything_else_needs_a_token(server):
+    with server.client(token=None) as anonymous:
+        assert anonymous.get("/healthz").json() == {"status": "ok"}
+        assert anonymous.get("/readyz").json()["status"] == "ready"
+        assert "tunewright_jobs" in anonymous.get("/metrics").text
+        for method, path in [("GET", "/v1/jobs"), ("GET", "/v1/files"), ("POST", "/v1/tokens")]:
+            response = anonymous.request(method, path)
+            assert response.status_code == 401
+            assert response.json()["error"]["type"] == "authentication_error"
+    with server.client(token="tw-wrong") as wrong:
+        assert wrong.get("/v1/jobs").json()["error"]["message"] == "invalid token"
+
+
+def test_only_admins_issue_tokens(server):
+    alice = server.tenant("alice")
+    response = alice.post("/v1/tokens", json={"tenant": "mallory"})
+    assert response.status_code == 403
+    bad = server.client().post("/v1/tokens", json={"tenant": "Not Valid"})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "tenant"
+
+
+def test_upload_validates_with_line_numbers(server, tmp_path):
+    alice = server.tenant("alice")
+    good = upload(alice, TRAIN).json()
+    assert (good["format"], good["examples"], good["object"]) == ("chat", 800, "file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}\n'
+                   '{"messages": [{"role": "user", "content": "only a question"}]}\nnot json\n')
+    response = upload(alice, bad, "mine.jsonl")
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["param"] == "file" and error["code"] == "invalid_file"
+    assert "mine.jsonl:2: no assistant message" in error["message"] and "mine.jsonl:3: not valid JSON" in error["message"]
+    assert [f["id"] for f in alice.get("/v1/files").json()["data"]] == [good["id"]]
+    assert alice.get(f"/v1/files/{good['id']}/content").content == TRAIN.read_bytes()
+
+
+def test_job_spec_errors_name_the_field(server, tiny_models):
+    alice = server.tenant("alice")
+    response = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], "/etc/passwd"))
+    assert response.status_code == 422 and response.json()["error"]["param"] == "dataset.train"
+    response = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], "file-" + "0" * 24))
+    assert response.json()["error"]["code"] == "file_not_found"
+    spec = tiny_spec(tiny_models["gpt2"], upload(alice, TRAIN).json()["id"])
+    spec["method"]["type"] = "qlora"
+    response = alice.post("/v1/jobs", json=spec)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "method.type"
+
+
+def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, tiny_models):
+    alice = server.tenant("alice")
+    train, validation = upload(alice, TRAIN).json()["id"], upload(alice, VALIDATION).json()["id"]
+    job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, validation)).json()
+    assert job["status"] == "queued" and job["plan"]["strategy"] == "ddp" and job["plan"]["workers"] == 2
+    done = wait_for(alice, job["id"], {"succeeded", "failed"})
+    assert done["status"] == "succeeded", done["error"]
+    assert done["progress"]["step"] == 10 and done["progress"]["totalSteps"] == 10
+    assert done["progress"]["trainedTokens"] > 0
+    assert done["result"]["eval_after"]["val_loss"] < done["result"]["eval_before"]["val_loss"]
+    metrics = alice.get(f"/v1/jobs/{job['id']}/metrics").json()["data"]
+    assert [m["step"] for m in metrics] == list(range(1, 11)) and all(m["loss"] > 0 for m in metrics)
+    assert [m["step"] for m in alice.get(f"/v1/jobs/{job['id']}/metrics?max_points=4").json()["data"]][-1] == 10
+    events = alice.get(f"/v1/jobs/{job['id']}/events").json()["data"]
+    assert events[0]["message"] == "succeeded" and events[-1]["message"].startswith("queued; plan: local pool")
+    assert any(e["type"] == "metrics" for e in events)
+    steps = [c["step_number"] for c in alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["data"]]
+    assert steps == [10, 5]
+    assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
+
+
+def test_cancel_stops_the_run(server, tiny_models):
+    alice = server.tenant("alice")
+    train = upload(alice, TRAIN).json()["id"]
+    job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()
+    running = wait_for(alice, job["id"], {"running"})
+    assert running["status"] == "running"
+    pid = server.app.state.engine and _pid(server, job["id"])
+    cancelled = alice.post(f"/v1/jobs/{job['id']}/cancel").json()
+    assert cancelled["status"] == "cancelled"
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def _pid(server, job_id):
+    from sqlmodel import Session
+
+    from tunewright_api.models import Job
+
+    with Session(server.app.state.engine) as session:
+        return session.get(Job, job_id).pid
+
+
+def test_tenants_never_see_each_other(server, tiny_models):
+    alice, bob = server.tenant("alice"), server.tenant("bob")
+    file_id = upload(alice, TRAIN).json()["id"]
+    job_id = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], file_id)).json()["id"]
+    ids = {"file_id": file_id, "job_id": job_id}
+    covered = 0
+    # every route that takes an id, as the OpenAPI schema lists them: a new route is covered by construction
+    for template, operations in bob.get("/openapi.json").json()["paths"].items():
+        if not re.search(r"{\w+}", template) or template.startswith("/v1/internal"):
+            continue
+        for method in operations:
+            response = bob.request(method.upper(), template.format(**ids))
+            assert response.status_code == 404, (method, template, response.text)
+            assert response.json()["error"]["type"] == "not_found_error"
+            covered += 1
+    assert covered >= 8  # files: get, content, delete; jobs: get, cancel, events, metrics, checkpoints
+    assert bob.get("/v1/jobs").json()["data"] == [] and bob.get("/v1/files").json()["data"] == []
+    assert bob.request("POST", f"/v1/internal/jobs/{job_id}/telemetry", json={"records": []}).status_code == 401
+    alice.post(f"/v1/jobs/{job_id}/cancel")
+
+
+def test_restart_reattaches_live_runs_and_fails_lost_ones(tmp_path, tiny_models):
+    data = tmp_path / "data"
+    with Server(data, local_ray=False) as first:
+        alice = first.tenant("alice")
+        token = alice.headers["Authorization"]
+        train = upload(alice, TRAIN).json()["id"]
+        live = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=60)).json()["id"]
+        wait_for(alice, live, {"running"})
+        lost = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    # The API is down: the live run goes on; the queued one never started. Make a "running" job whose
+    # process died while the API was away.
+    from sqlmodel import Session
+
+    from tunewright_api.db import make_engine
+    from tunewright_api.models import Job
+
+    engine = make_engine(f"sqlite:///{(data / 'tunewright.db').resolve()}")
+    with Session(engine) as session:
+        job = session.get(Job, lost)
+        job.status, job.pid, job.run_dir = "running", 999999, str(data / "jobs" / lost)
+        session.add(job)
+        session.commit()
+    engine.dispose()
+    with Server(data, local_ray=False) as second:
+        alice = second.client(token.removeprefix("Bearer "))
+        assert alice.get(f"/v1/jobs/{lost}").json()["status"] == "failed"
+        assert "API restarted" in alice.get(f"/v1/jobs/{lost}").json()["error"]["message"]
+        assert alice.get(f"/v1/jobs/{live}").json()["status"] in ("running", "succeeded")
+        assert wait_for(alice, live, {"succeeded", "failed"})["status"] == "succeeded"
+        events = [e["message"] for e in alice.get(f"/v1/jobs/{live}/events").json()["data"]]
+        assert any(m.startswith("re-attached") for m in events) or "succeeded" in events
+
+
+def test_bare_500s_are_enveloped(server, monkeypatch):
+    from tunewright_api.routes import files
+
+    monkeypatch.setattr(files, "validate_dataset", lambda path: (_ for _ in ()).throw(RuntimeError("boom")))
+    response = upload(server.client(), TRAIN)
+    assert response.status_code == 500
+    assert response.json()["error"]["message"].startswith("internal error (RuntimeError)")
+
