@@ -105,6 +105,8 @@ class Job(SQLModel, table=True):
     loss: float | None = None
     tokens_per_second: float | None = None
     trained_tokens: int = 0
+    suffix: str | None = None
+    job_metadata: dict[str, str] | None = Field(default=None, sa_column=Column("metadata", JSON))
     telemetry_token_hash: str = ""
     run_dir: str = ""
     pid: int | None = None

@@ -2,6 +2,7 @@
 
 import os
 import re
+import time
 
 import pytest
 
@@ -105,7 +106,7 @@ def test_tenants_never_see_each_other(server, tiny_models):
     alice, bob = server.tenant("alice"), server.tenant("bob")
     file_id = upload(alice, TRAIN).json()["id"]
     job_id = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], file_id)).json()["id"]
-    ids = {"file_id": file_id, "job_id": job_id}
+    ids = {"file_id": file_id, "job_id": job_id, "fine_tuning_job_id": job_id}
     covered = 0
     # every route that takes an id, as the OpenAPI schema lists them: a new route is covered by construction
     for template, operations in bob.get("/openapi.json").json()["paths"].items():
@@ -116,7 +117,7 @@ def test_tenants_never_see_each_other(server, tiny_models):
             assert response.status_code == 404, (method, template, response.text)
             assert response.json()["error"]["type"] == "not_found_error"
             covered += 1
-    assert covered >= 8  # files: get, content, delete; jobs: get, cancel, events, metrics, checkpoints
+    assert covered >= 12  # files: 3; native jobs: 5; OpenAI jobs: get, cancel, events, checkpoints
     assert bob.get("/v1/jobs").json()["data"] == [] and bob.get("/v1/files").json()["data"] == []
     assert bob.request("POST", f"/v1/internal/jobs/{job_id}/telemetry", json={"records": []}).status_code == 401
     alice.post(f"/v1/jobs/{job_id}/cancel")
@@ -163,3 +164,41 @@ def test_bare_500s_are_enveloped(server, monkeypatch):
     assert response.status_code == 500
     assert response.json()["error"]["message"].startswith("internal error (RuntimeError)")
 
+
+
+def test_the_official_openai_client_works(server, tiny_models):
+    from openai import NotFoundError, OpenAI
+
+    alice = server.tenant("alice")
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=alice.headers["Authorization"].removeprefix("Bearer "))
+    with TRAIN.open("rb") as fh:
+        uploaded = client.files.create(file=fh, purpose="fine-tune")
+    assert uploaded.id.startswith("file-") and uploaded.bytes == TRAIN.stat().st_size
+    assert client.files.retrieve(uploaded.id).filename == "train.jsonl"
+    job = client.fine_tuning.jobs.create(
+        model=str(tiny_models["gpt2"]), training_file=uploaded.id, suffix="demo", seed=3,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 4}}},
+        extra_body={"lora": {"r": 8, "alpha": 16, "dropout": 0.0}, "max_steps": 6, "seq_len": 128},
+    )
+    assert job.object == "fine_tuning.job" and job.status in ("queued", "running") and job.seed == 3
+    second = client.fine_tuning.jobs.create(model=str(tiny_models["gpt2"]), training_file=uploaded.id,
+                                            extra_body={"max_steps": 100000, "seq_len": 128})
+    page = client.fine_tuning.jobs.list(limit=1)
+    assert [j.id for j in page.data] == [second.id] and page.has_more
+    assert [j.id for j in client.fine_tuning.jobs.list(after=second.id, limit=5).data] == [job.id]
+    assert client.fine_tuning.jobs.cancel(second.id).status == "cancelled"
+    deadline = time.monotonic() + 240
+    while (current := client.fine_tuning.jobs.retrieve(job.id)).status not in ("succeeded", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert current.status == "succeeded", current.error
+    assert current.trained_tokens > 0 and current.fine_tuned_model.endswith("adapter")
+    assert current.hyperparameters.n_epochs == 1 and current.hyperparameters.batch_size == 4
+    events = client.fine_tuning.jobs.list_events(job.id, limit=50).data
+    assert events[0].message == "succeeded"
+    assert any(e.type == "metrics" and e.data["step"] == 6 for e in events)
+    checkpoints = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert checkpoints[0].step_number == 6 and checkpoints[0].fine_tuning_job_id == job.id
+    with pytest.raises(NotFoundError) as err:
+        client.fine_tuning.jobs.retrieve("ftjob-does-not-exist")
+    assert err.value.body["type"] == "not_found_error"

@@ -1,6 +1,7 @@
 """Native jobs: POST the FineTuneJob spec; list, get, cancel, events, metrics, checkpoints."""
 
 import hmac
+import json
 import os
 import re
 from pathlib import Path
@@ -76,6 +77,11 @@ def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
 
 @router.post("", status_code=201)
 def create_job(spec: FineTuneJobSpec, request: Request, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
+    return JobPublic.of(submit(spec, request, session, tenant))
+
+
+def submit(spec: FineTuneJobSpec, request: Request, session, tenant, **columns) -> Job:
+    """Validate the spec against this tenant's files, plan it, and queue it on the backend."""
     settings, backend = request.app.state.settings, request.app.state.backend
     train = resolve_dataset(session, tenant, spec.dataset.train, "dataset.train")
     validation = resolve_dataset(session, tenant, spec.dataset.validation, "dataset.validation")
@@ -83,7 +89,8 @@ def create_job(spec: FineTuneJobSpec, request: Request, session: SessionDep, ten
         raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
                        "dataset.format", "invalid_value")
     layout, why = local_layout(spec, settings)
-    job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True))
+    job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
+              **columns)
     telemetry_token = new_token()
     job.telemetry_token_hash = hash_token(telemetry_token)
     run_dir = backend.run_dir(job)
@@ -97,12 +104,11 @@ def create_job(spec: FineTuneJobSpec, request: Request, session: SessionDep, ten
     session.add(job)
     add_event(session, job, f"queued; plan: {why}")
     session.commit()
-    return JobPublic.of(job)
+    return job
 
 
-@router.get("")
-def list_jobs(session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-              limit: Annotated[int, Query(ge=1, le=100)] = 20) -> ListEnvelope:
+def page_of_jobs(session, tenant, after: str | None, limit: int) -> tuple[list[Job], bool]:
+    """Newest first; `after` is the id of the last job of the previous page."""
     query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.created_at.desc(), Job.id.desc())
     jobs = list(session.exec(query).all())
     if after is not None:
@@ -110,7 +116,14 @@ def list_jobs(session: SessionDep, tenant: CurrentTenant, after: str | None = No
         if after not in ids:
             raise ApiError(404, f"no job {after}", "after", "not_found")
         jobs = jobs[ids.index(after) + 1:]
-    return ListEnvelope(data=[JobPublic.of(j) for j in jobs[:limit]], has_more=len(jobs) > limit)
+    return jobs[:limit], len(jobs) > limit
+
+
+@router.get("")
+def list_jobs(session: SessionDep, tenant: CurrentTenant, after: str | None = None,
+              limit: Annotated[int, Query(ge=1, le=100)] = 20) -> ListEnvelope:
+    jobs, more = page_of_jobs(session, tenant, after, limit)
+    return ListEnvelope(data=[JobPublic.of(j) for j in jobs], has_more=more)
 
 
 @router.get("/{job_id}")
@@ -132,6 +145,11 @@ def cancel_job(job_id: str, request: Request, session: SessionDep, tenant: Curre
 def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ListEnvelope:
     owned_job(session, tenant, job_id)
+    return events_page(session, job_id, limit)
+
+
+def events_page(session, job_id: str, limit: int) -> ListEnvelope:
+    """Newest first, in OpenAI's event shape."""
     events = session.exec(select(JobEvent).where(JobEvent.job_id == job_id)
                           .order_by(JobEvent.id.desc()).limit(limit + 1)).all()
     data = [{"id": f"ftevent-{e.id}", "object": "fine_tuning.job.event", "created_at": int(e.created_at.timestamp()),
@@ -153,13 +171,22 @@ def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
 
 @router.get("/{job_id}/checkpoints")
 def job_checkpoints(job_id: str, session: SessionDep, tenant: CurrentTenant) -> ListEnvelope:
-    job = owned_job(session, tenant, job_id)
+    return ListEnvelope(data=checkpoints(owned_job(session, tenant, job_id)))
+
+
+def checkpoints(job: Job) -> list[dict]:
+    """Committed checkpoints, newest first, in OpenAI's checkpoint shape (plus where they are)."""
     root = Path(job.config["checkpoint"]["storage"]) / job.id if job.config else None
     steps = sorted(root.glob("step_*")) if root and root.is_dir() else []
-    data = [{"id": f"ftckpt-{job.id}-{p.name}", "object": "fine_tuning.job.checkpoint",
-             "step_number": int(p.name.removeprefix("step_")), "fine_tuning_job_id": job.id, "path": str(p)}
-            for p in reversed(steps)]
-    return ListEnvelope(data=data)
+    out = []
+    for path in reversed(steps):
+        metrics_file = path / "metrics.json"
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+        out.append({"id": f"ftckpt-{job.id.removeprefix('ftjob-')}-{path.name}", "object": "fine_tuning.job.checkpoint",
+                    "created_at": int(path.stat().st_mtime), "step_number": int(path.name.removeprefix("step_")),
+                    "fine_tuned_model_checkpoint": str(path), "fine_tuning_job_id": job.id,
+                    "metrics": {"step": metrics.get("step"), "train_loss": metrics.get("loss")}})
+    return out
 
 
 class TelemetryBatch(BaseModel):
@@ -184,6 +211,9 @@ def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
             job.step, job.loss = record["step"], record.get("loss")
             job.tokens_per_second = record.get("tokens_per_second")
             job.trained_tokens += int(record.get("tokens", 0))
+            add_event(session, job, f"step {record['step']}: training loss={record.get('loss', float('nan')):.4f}",
+                      type_="metrics", data={"step": record["step"], "train_loss": record.get("loss"),
+                                             "total_steps": job.total_steps})
         elif event == "eval":
             data = {k: v for k, v in record.items() if k not in ("event", "time", "samples")}
             add_event(session, job, f"evaluation at step {record.get('step')}", type_="metrics", data=data)
