@@ -23,7 +23,7 @@ test-fast: venv
 	$(PY) -m pytest -m "not slow"
 
 demo: venv
-	$(PY) -m tunewright_jobs.tiny demo --out demo-output
+	$(PY) -m tunewright_api.demo --out demo-output
 
 lint: venv
 	$(VENV)/bin/ruff check .

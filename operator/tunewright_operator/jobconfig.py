@@ -60,6 +60,9 @@ def runtime_config(spec: FineTuneJobSpec, layout: LayoutChoice, *, name: str, ou
         "checkpoint": {"storage": checkpoint_storage or spec.checkpoint.storage,
                        "every_steps": spec.checkpoint.every_steps},
         "metrics": {"path": metrics_path, "endpoint": telemetry_endpoint},
+        "eval": {"every_steps": spec.evaluation.every_steps,
+                 "exact_match": spec.evaluation.exact_match and validation is not None,
+                 "max_new_tokens": spec.evaluation.max_new_tokens},
     }
     return config
 

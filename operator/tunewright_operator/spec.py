@@ -75,6 +75,12 @@ class CheckpointSpec(_Spec):
     every_steps: PositiveInt | None = Field(default=None, description="Checkpoint period in optimizer steps.")
 
 
+class EvaluationSpec(_Spec):
+    every_steps: PositiveInt | None = Field(default=None, description="Validation period (always at start and end).")
+    exact_match: bool = Field(default=False, description="Also score greedy answers against the references.")
+    max_new_tokens: PositiveInt = Field(default=16, description="Answer length limit for exact match.")
+
+
 class FineTuneJobSpec(_Spec):
     model: ModelSpec
     method: MethodSpec = Field(default_factory=MethodSpec)
@@ -82,4 +88,5 @@ class FineTuneJobSpec(_Spec):
     hyperparameters: HyperparametersSpec = Field(default_factory=HyperparametersSpec)
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     suspend: bool = Field(default=False, description="Hold the job without running it.")

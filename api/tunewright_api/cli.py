@@ -1,0 +1,210 @@
+"""`tunewright`: the command line. Everything but `serve` talks to the REST API.
+
+  tunewright serve                              run the API (SQLite and the local backend by default)
+  tunewright tokens create TENANT [--admin]     a token for a tenant (needs an admin token)
+  tunewright submit job.yaml | --model M --train FILE ...   upload local data files, submit, print the job
+  tunewright jobs | get ID | cancel ID | events ID | metrics ID
+  tunewright watch ID                           live progress: step, loss, tokens/s, ETA
+
+API address and token: --url / TUNEWRIGHT_URL (default http://127.0.0.1:8000), --token / TUNEWRIGHT_TOKEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import yaml
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+class ApiError(RuntimeError):
+    pass
+
+
+class Client:
+    def __init__(self, url: str, token: str | None, timeout: float = 60):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs) -> dict:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as err:
+            raise ApiError(f"cannot reach the API at {self.http.base_url}: {err}") from None
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+                where = f" ({error['param']})" if error.get("param") else ""
+                raise ApiError(f"{response.status_code}{where}: {error['message']}")
+            except (ValueError, KeyError):
+                raise ApiError(f"{response.status_code}: {response.text[:500]}") from None
+        return response.json() if response.content else {}
+
+    def upload(self, path: Path) -> dict:
+        with path.open("rb") as fh:
+            return self.request("POST", "/v1/files", files={"file": (path.name, fh)}, data={"purpose": "fine-tune"})
+
+    def submit(self, spec: dict) -> dict:
+        """Upload dataset entries that are local files, then submit the spec."""
+        spec = json.loads(json.dumps(spec))
+        for key in ("train", "validation"):
+            value = spec.get("dataset", {}).get(key)
+            if value and not value.startswith("file-") and Path(value).is_file():
+                spec["dataset"][key] = self.upload(Path(value))["id"]
+        return self.request("POST", "/v1/jobs", json=spec)
+
+
+def spec_from_args(args) -> dict:
+    if args.spec:
+        text = Path(args.spec).read_text()
+        spec = yaml.safe_load(text)
+        if isinstance(spec, dict) and spec.get("kind") == "FineTuneJob":  # a whole manifest: take its spec
+            spec = spec["spec"]
+        return spec
+    if not (args.model and args.train):
+        raise SystemExit("submit: give a spec file, or at least --model and --train")
+    hyper = {k: v for k, v in {"epochs": args.epochs, "maxSteps": args.max_steps, "learningRate": args.learning_rate,
+                               "globalBatchSize": args.batch_size, "seqLen": args.seq_len}.items() if v is not None}
+    return {"model": {"source": args.model}, "method": {"type": args.method},
+            "dataset": {"train": args.train, "validation": args.validation, "format": args.format},
+            "hyperparameters": hyper, "resources": {"strategy": args.strategy}}
+
+
+def progress_line(job: dict) -> str:
+    p = job["progress"]
+    total, step = p.get("totalSteps"), p.get("step") or 0
+    width = 30
+    filled = int(width * step / total) if total else 0
+    bar = "#" * filled + "-" * (width - filled)
+    loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
+    speed = f"{p['tokensPerSecond']:,.0f}" if p.get("tokensPerSecond") else "-"
+    eta = "-"
+    if total and step and job.get("started_at"):
+        started = datetime.fromisoformat(job["started_at"])
+        started = started if started.tzinfo else started.replace(tzinfo=UTC)  # SQLite keeps no zone
+        per_step = max((datetime.now(UTC) - started).total_seconds(), 0) / step
+        eta = f"{per_step * (total - step):.0f}s"
+    return f"{job['status']:9} [{bar}] step {step}/{total or '?'}  loss {loss}  tokens/s {speed}  ETA {eta}"
+
+
+def watch(client: Client, job_id: str, out=sys.stdout, poll: float = 1.0) -> dict:
+    interactive = out.isatty()
+    last = ""
+    while True:
+        job = client.request("GET", f"/v1/jobs/{job_id}")
+        line = progress_line(job)
+        if line != last:
+            out.write(("\r" + line.ljust(110)) if interactive else line + "\n")
+            out.flush()
+            last = line
+        if job["status"] in TERMINAL:
+            if interactive:
+                out.write("\n")
+            return job
+        time.sleep(poll)
+
+
+def serve(args) -> int:
+    import secrets
+
+    import uvicorn
+
+    from tunewright_api.main import create_app
+    from tunewright_api.settings import Settings
+
+    settings = Settings()
+    if not settings.admin_token:
+        token_file = settings.data_dir / "admin.token"
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if not token_file.exists():
+            token_file.touch(mode=0o600)
+            token_file.write_text("tw-" + secrets.token_urlsafe(32))
+        settings.admin_token = token_file.read_text().strip()
+        print(f"admin token in {token_file} (export TUNEWRIGHT_TOKEN=$(cat {token_file}))", flush=True)
+    settings.public_url = settings.public_url if "TUNEWRIGHT_PUBLIC_URL" in os.environ else \
+        f"http://{args.host}:{args.port}"
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tunewright", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("TUNEWRIGHT_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--token", default=os.environ.get("TUNEWRIGHT_TOKEN"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run the API")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p = sub.add_parser("tokens", help="tokens (create)")
+    p.add_argument("action", choices=["create"])
+    p.add_argument("tenant")
+    p.add_argument("--admin", action="store_true")
+    p = sub.add_parser("submit", help="submit a job (spec file or flags)")
+    p.add_argument("spec", nargs="?", help="FineTuneJob spec or manifest (YAML or JSON)")
+    p.add_argument("--model")
+    p.add_argument("--train")
+    p.add_argument("--validation")
+    p.add_argument("--format", default="chat", choices=["chat", "prompt_completion", "text"])
+    p.add_argument("--method", default="lora", choices=["lora", "full"])
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--learning-rate", type=float)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--strategy", default="auto", choices=["auto", "single", "ddp", "fsdp", "hsdp"])
+    p.add_argument("--watch", action="store_true", help="then watch it to the end")
+    sub.add_parser("jobs", help="list jobs")
+    for name in ("get", "cancel", "events", "metrics", "watch"):
+        sub.add_parser(name, help=f"{name} a job").add_argument("job_id")
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        return serve(args)
+    client = Client(args.url, args.token)
+    try:
+        if args.command == "tokens":
+            result = client.request("POST", "/v1/tokens", json={"tenant": args.tenant, "admin": args.admin})
+        elif args.command == "submit":
+            result = client.submit(spec_from_args(args))
+            if args.watch:
+                print(f"submitted {result['id']}: {result['plan']['explanation']}", flush=True)
+                result = watch(client, result["id"])
+                return 0 if result["status"] == "succeeded" else 1
+        elif args.command == "jobs":
+            for job in client.request("GET", "/v1/jobs")["data"]:
+                print(f"{job['id']}  {job['status']:9}  {job['model']}  step {job['progress']['step']}")
+            return 0
+        elif args.command == "get":
+            result = client.request("GET", f"/v1/jobs/{args.job_id}")
+        elif args.command == "cancel":
+            result = client.request("POST", f"/v1/jobs/{args.job_id}/cancel")
+        elif args.command == "events":
+            for event in reversed(client.request("GET", f"/v1/jobs/{args.job_id}/events")["data"]):
+                print(f"{time.strftime('%H:%M:%S', time.localtime(event['created_at']))} {event['level']:5} "
+                      f"{event['message']}")
+            return 0
+        elif args.command == "metrics":
+            for point in client.request("GET", f"/v1/jobs/{args.job_id}/metrics")["data"]:
+                print(json.dumps(point))
+            return 0
+        else:  # watch
+            job = watch(client, args.job_id)
+            return 0 if job["status"] == "succeeded" else 1
+    except ApiError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
