@@ -1,15 +1,19 @@
 """A real API server (uvicorn on a loopback port, in this process) over SQLite, and clients per tenant."""
 
 import json
+import os
 import socket
+import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 
+from tests.api.postgres import PostgresServer
 from tunewright_api.main import create_app
 from tunewright_api.settings import Settings
 from tunewright_jobs.tiny import DATA_DIR
@@ -55,9 +59,30 @@ class Server:
         return self.client(response.json()["token"])
 
 
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    pg = PostgresServer(Path(tempfile.mkdtemp(prefix="tunewright-pg-")))
+    if not pg.available:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL server binaries are missing: .ci/run must install Debian's postgresql")
+        pytest.skip("PostgreSQL is not installed on this machine")
+    pg.start()
+    yield pg
+    pg.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    """The same API suite runs on SQLite (the default) and on a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return None
+    pg = request.getfixturevalue("postgres")
+    return pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
+
+
 @pytest.fixture
-def server(tmp_path):
-    with Server(tmp_path / "data", local_ray=False) as s:
+def server(tmp_path, database_url):
+    with Server(tmp_path / "data", local_ray=False, database_url=database_url) as s:
         yield s
 
 

@@ -123,9 +123,9 @@ def test_tenants_never_see_each_other(server, tiny_models):
     alice.post(f"/v1/jobs/{job_id}/cancel")
 
 
-def test_restart_reattaches_live_runs_and_fails_lost_ones(tmp_path, tiny_models):
+def test_restart_reattaches_live_runs_and_fails_lost_ones(tmp_path, tiny_models, database_url):
     data = tmp_path / "data"
-    with Server(data, local_ray=False) as first:
+    with Server(data, local_ray=False, database_url=database_url) as first:
         alice = first.tenant("alice")
         token = alice.headers["Authorization"]
         train = upload(alice, TRAIN).json()["id"]
@@ -139,14 +139,14 @@ def test_restart_reattaches_live_runs_and_fails_lost_ones(tmp_path, tiny_models)
     from tunewright_api.db import make_engine
     from tunewright_api.models import Job
 
-    engine = make_engine(f"sqlite:///{(data / 'tunewright.db').resolve()}")
+    engine = make_engine(first.settings.resolved_database_url)
     with Session(engine) as session:
         job = session.get(Job, lost)
         job.status, job.pid, job.run_dir = "running", 999999, str(data / "jobs" / lost)
         session.add(job)
         session.commit()
     engine.dispose()
-    with Server(data, local_ray=False) as second:
+    with Server(data, local_ray=False, database_url=database_url) as second:
         alice = second.client(token.removeprefix("Bearer "))
         assert alice.get(f"/v1/jobs/{lost}").json()["status"] == "failed"
         assert "API restarted" in alice.get(f"/v1/jobs/{lost}").json()["error"]["message"]
