@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from pathlib import Path
 
+from alembic import command
+from alembic.config import Config as AlembicConfig
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import create_engine
 
 
 def make_engine(url: str) -> Engine:
@@ -24,12 +26,19 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def create_schema(engine: Engine) -> None:
-    from tunewright_api import models  # noqa: F401  (registers the tables)
-
-    SQLModel.metadata.create_all(engine)
+MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-def sessions(engine: Engine) -> Iterator[Session]:
-    with Session(engine) as session:
-        yield session
+def alembic_config(url: str) -> AlembicConfig:
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to the newest revision (an upgrade keeps the data)."""
+    with engine.begin() as connection:
+        config = alembic_config(str(engine.url))
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")

@@ -11,7 +11,7 @@ from sqlmodel import Session
 from tunewright_api import errors
 from tunewright_api.auth import issue_token
 from tunewright_api.backends.local import LocalBackend
-from tunewright_api.db import create_schema, make_engine
+from tunewright_api.db import make_engine, migrate
 from tunewright_api.routes import files, fine_tuning, health, jobs, tokens
 from tunewright_api.settings import Settings, get_settings
 
@@ -25,7 +25,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         engine = make_engine(settings.resolved_database_url)
-        create_schema(engine)
+        migrate(engine)
         if settings.admin_token:
             with Session(engine) as session:
                 issue_token(session, "admin", "bootstrap", admin=True, token=settings.admin_token)
