@@ -36,9 +36,9 @@ def alembic_config(url: str) -> AlembicConfig:
     return config
 
 
-def migrate(engine: Engine) -> None:
-    """Bring the schema to the newest revision (an upgrade keeps the data)."""
+def migrate(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to `revision` (the newest by default); an upgrade keeps the data."""
     with engine.begin() as connection:
-        config = alembic_config(str(engine.url))
+        config = alembic_config(engine.url.render_as_string(hide_password=False))
         config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        command.upgrade(config, revision)

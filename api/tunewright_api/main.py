@@ -12,7 +12,7 @@ from tunewright_api import errors
 from tunewright_api.auth import issue_token
 from tunewright_api.backends.local import LocalBackend
 from tunewright_api.db import make_engine, migrate
-from tunewright_api.routes import files, fine_tuning, health, jobs, tokens
+from tunewright_api.routes import files, fine_tuning, health, jobs, pools, tokens
 from tunewright_api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan,
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
     errors.install(app)
-    for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, jobs.internal):
+    for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
+                   jobs.internal):
         app.include_router(router)
     return app
 

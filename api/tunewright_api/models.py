@@ -158,3 +158,20 @@ class ListEnvelope(SQLModel):
     object: str = "list"
     data: list[Any]
     has_more: bool = False
+
+
+# --- pools -------------------------------------------------------------------------------------------
+
+
+class GpuPool(SQLModel, table=True):
+    """A described GPU pool (what a GPUPool resource holds), for plans; admins register them."""
+
+    __tablename__ = "pools"
+    name: str = Field(primary_key=True)
+    gpu: str
+    gpus_per_node: int
+    max_nodes: int
+    intra_node: str
+    inter_node: str | None = None
+    price_per_gpu_hour: float
+    created_at: datetime = Field(default_factory=now)

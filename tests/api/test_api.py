@@ -202,3 +202,34 @@ def test_the_official_openai_client_works(server, tiny_models):
     with pytest.raises(NotFoundError) as err:
         client.fine_tuning.jobs.retrieve("ftjob-does-not-exist")
     assert err.value.body["type"] == "not_found_error"
+
+
+H100_POOL = {"name": "h100", "gpu": "H100", "gpusPerNode": 8, "maxNodes": 2, "intraNode": "nvlink4",
+             "interNode": "ib-8x400g", "pricePerGPUHour": 4.0}
+
+
+def test_pools_and_dry_run_plans(server, tiny_models):
+    alice = server.tenant("alice")
+    assert alice.post("/v1/pools", json=H100_POOL).status_code == 403
+    assert server.client().post("/v1/pools", json=H100_POOL).status_code == 201
+    assert server.client().post("/v1/pools", json=H100_POOL).status_code == 409
+    pools = alice.get("/v1/pools").json()["data"]
+    assert [p["name"] for p in pools] == ["local", "h100"] and pools[0]["workers"] == 2
+    spec = {"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "method": {"type": "full"},
+            "dataset": {"train": "file-x"}, "hyperparameters": {"maxSteps": 1000, "globalBatchSize": 64}}
+    answer = alice.post("/v1/plans", json={"spec": spec, "pool": "h100"}).json()
+    plan = answer["plan"]
+    # 8B full fine-tuning does not fit one 80 GB GPU: sharded over several, the cheapest that fits
+    assert answer["model"]["parameters"] > 8e9 and plan["gpus"] >= 2 and plan["strategy"] in ("fsdp", "hsdp")
+    assert plan["predicted"]["peak_memory_gib"] < 80 and plan["predicted"]["cost_usd"] > 0
+    assert {r["strategy"] for r in plan["rejected"]} >= {"single", "ddp"}
+    local_model = alice.post("/v1/plans", json={"spec": {**spec, "model": {"source": str(tiny_models["llama"])}},
+                                                "pool": "h100"})
+    assert local_model.status_code == 200 and local_model.json()["model"]["layers"] == 2  # read its config.json
+    unknown = alice.post("/v1/plans", json={"spec": {**spec, "model": {"source": "hf://nobody/nothing"}}, "pool": "h100"})
+    assert unknown.status_code == 422 and unknown.json()["error"]["param"] == "spec.model.source"
+    local = alice.post("/v1/plans", json={"spec": spec, "pool": "local"})
+    assert local.status_code == 422 and "planner models GPU pools" in local.json()["error"]["message"]
+    tiny = {**spec, "model": {"source": "meta-llama/Llama-3.1-70B"}, "resources": {"maxGPUs": 1}}
+    no_plan = alice.post("/v1/plans", json={"spec": tiny, "pool": "h100"})
+    assert no_plan.status_code == 422 and "does not fit" in no_plan.json()["error"]["message"]

@@ -6,7 +6,7 @@ from sqlmodel import Session, SQLModel, select
 
 from tunewright_api.auth import issue_token
 from tunewright_api.db import make_engine, migrate
-from tunewright_api.models import Tenant
+from tunewright_api.models import GpuPool, Tenant
 
 
 def url_for(database_url, tmp_path):
@@ -23,12 +23,14 @@ def test_migrations_build_exactly_the_models(database_url, tmp_path):
     assert differences == [], "models.py changed without a migration: add one with alembic --autogenerate"
 
 
-def test_upgrading_again_keeps_the_data(database_url, tmp_path):
+def test_an_upgrade_keeps_the_data(database_url, tmp_path):
     engine = make_engine(url_for(database_url, tmp_path))
-    migrate(engine)
+    migrate(engine, "0001")  # a database from the first release
     with Session(engine) as session:
         issue_token(session, "kept")
     migrate(engine)
+    migrate(engine)  # idempotent
     with Session(engine) as session:
         assert session.exec(select(Tenant.name)).all() == ["kept"]
+        assert session.exec(select(GpuPool)).all() == []  # the new table exists
     engine.dispose()

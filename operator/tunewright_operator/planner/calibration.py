@@ -224,3 +224,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def for_gpu(name: str, path: Path = DEFAULT_FILE) -> GPU:
+    """A catalog GPU with the measured efficiencies (measured on H200; the same kernels reach similar shares
+    of peak on other Hopper and Ampere parts until their own runs replace them)."""
+    _, measured = load(path)
+    return GPUS[name].calibrated(matmul_efficiency=measured.matmul_efficiency,
+                                 memory_efficiency=measured.memory_efficiency)
