@@ -1,13 +1,14 @@
 """The REST API against a real server: auth, envelopes, files, the job lifecycle, isolation, restarts."""
 
+import json
 import os
 import re
 import time
 
 import pytest
+import yaml
 
-from tests.api.conftest import TRAIN, VALIDATION, Server, tiny_spec, upload, wait_for
-from tests.jobs.conftest import python_path  # noqa: F401  (the runtime must be importable by job processes)
+from tests.api.conftest import ADMIN, TRAIN, VALIDATION, Server, tiny_spec, upload, wait_for
 
 
 def test_health_is_open_and_everything_else_needs_a_token(server):
@@ -233,3 +234,55 @@ def test_pools_and_dry_run_plans(server, tiny_models):
     tiny = {**spec, "model": {"source": "meta-llama/Llama-3.1-70B"}, "resources": {"maxGPUs": 1}}
     no_plan = alice.post("/v1/plans", json={"spec": tiny, "pool": "h100"})
     assert no_plan.status_code == 422 and "does not fit" in no_plan.json()["error"]["message"]
+
+
+def test_the_queue_runs_one_job_at_a_time(server, tiny_models):
+    alice = server.tenant("alice")
+    train = upload(alice, TRAIN).json()["id"]
+    first = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    second = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=3)).json()["id"]
+    wait_for(alice, first, {"running"})
+    time.sleep(2)
+    assert alice.get(f"/v1/jobs/{second}").json()["status"] == "queued"  # max_running_jobs = 1
+    alice.post(f"/v1/jobs/{first}/cancel")
+    assert wait_for(alice, second, {"succeeded", "failed"})["status"] == "succeeded"
+    spec = tiny_spec(tiny_models["gpt2"], train)
+    held = alice.post("/v1/jobs", json={**spec, "suspend": True})
+    assert held.status_code == 422 and held.json()["error"]["param"] == "suspend"
+
+
+def test_the_cli_drives_the_api(server, tiny_models, tmp_path, capsys):
+    from tunewright_api.cli import main
+
+    base = ["--url", server.url, "--token", ADMIN]
+    assert main([*base, "tokens", "create", "carol"]) == 0
+    token = json.loads(capsys.readouterr().out)["token"]
+    user = ["--url", server.url, "--token", token]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
+                                    "metadata": {"name": "x"},
+                                    "spec": tiny_spec(tiny_models["gpt2"], str(TRAIN), maxSteps=4)}))
+    assert main([*user, "submit", str(spec), "--watch"]) == 0  # uploads the local file, then watches
+    out = capsys.readouterr().out
+    assert "submitted ftjob-" in out and "succeeded [" in out and "step 4/4" in out
+    job_id = re.search(r"submitted (ftjob-\w+)", out).group(1)
+    assert main([*user, "jobs"]) == 0 and job_id in capsys.readouterr().out
+    assert main([*user, "events", job_id]) == 0 and "succeeded" in capsys.readouterr().out
+    assert main([*user, "metrics", job_id]) == 0
+    assert [json.loads(line)["step"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]
+    assert main([*user, "submit", "--model", str(tiny_models["gpt2"]), "--train", "file-" + "0" * 24]) == 1
+    assert "(dataset.train): no file" in capsys.readouterr().err
+    assert main(["--url", server.url, "--token", "wrong", "jobs"]) == 1
+    assert "401: invalid token" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_jobs_run_on_a_local_ray_by_default(tmp_path, tiny_models):
+    with Server(tmp_path / "data") as ray_server:  # local_ray defaults to True, as in production
+        alice = ray_server.tenant("alice")
+        train = upload(alice, TRAIN).json()["id"]
+        job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=4)).json()
+        done = wait_for(alice, job["id"], {"succeeded", "failed"}, timeout=400)
+        assert done["status"] == "succeeded", done["error"]
+        log = (tmp_path / "data" / "jobs" / job["id"] / "run.log").read_text()
+        assert "RayTrainWorker" in log and done["progress"]["step"] == 4

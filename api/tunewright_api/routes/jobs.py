@@ -83,6 +83,9 @@ def create_job(spec: FineTuneJobSpec, request: Request, session: SessionDep, ten
 def submit(spec: FineTuneJobSpec, request: Request, session, tenant, **columns) -> Job:
     """Validate the spec against this tenant's files, plan it, and queue it on the backend."""
     settings, backend = request.app.state.settings, request.app.state.backend
+    if spec.suspend:
+        raise ApiError(422, "the local backend cannot hold a suspended job; submit it when it should run",
+                       "suspend", "unsupported")
     train = resolve_dataset(session, tenant, spec.dataset.train, "dataset.train")
     validation = resolve_dataset(session, tenant, spec.dataset.validation, "dataset.validation")
     if train.format != spec.dataset.format:
