@@ -3,6 +3,7 @@
   tunewright serve                              run the API (SQLite and the local backend by default)
   tunewright tokens create TENANT [--admin]     a token for a tenant (needs an admin token)
   tunewright submit job.yaml | --model M --train FILE ...   upload local data files, submit, print the job
+  tunewright plan job.yaml --pool NAME           dry run on a GPU pool: plan, predictions, rejected options
   tunewright jobs | get ID | cancel ID | events ID | metrics ID
   tunewright watch ID                           live progress: step, loss, tokens/s, ETA
 
@@ -63,7 +64,7 @@ class Client:
 
 
 def spec_from_args(args) -> dict:
-    if args.spec:
+    if getattr(args, "spec", None):
         text = Path(args.spec).read_text()
         spec = yaml.safe_load(text)
         if isinstance(spec, dict) and spec.get("kind") == "FineTuneJob":  # a whole manifest: take its spec
@@ -76,6 +77,20 @@ def spec_from_args(args) -> dict:
     return {"model": {"source": args.model}, "method": {"type": args.method},
             "dataset": {"train": args.train, "validation": args.validation, "format": args.format},
             "hyperparameters": hyper, "resources": {"strategy": args.strategy}}
+
+
+def plan_text(answer: dict) -> str:
+    plan, p = answer["plan"], answer["plan"]["predicted"]
+    lines = [f"{answer['model']['name']} ({answer['model']['parameters'] / 1e9:.2f}B) on pool {answer['pool']}",
+             f"plan:      {plan['strategy']} on {plan['gpus']} GPUs ({plan['nodes']} node(s)), micro-batch "
+             f"{plan['micro_batch']} x {plan['grad_accum']}"
+             f"{', activation checkpointing' if plan['activation_checkpointing'] else ''}",
+             f"predicted: {p['peak_memory_gib']:.1f} GiB/GPU, step {p['step_seconds']:.3f} s, "
+             f"{p['tokens_per_second']:,.0f} tokens/s, MFU {p['mfu']:.0%}, communication {p['comm_share']:.0%} "
+             f"({p['exposed_comm_share']:.0%} exposed), {p['duration_seconds'] / 3600:.2f} h, ${p['cost_usd']:,.2f}",
+             f"why:       {plan['explanation']}"]
+    lines += [f"rejected:  {r['strategy']}: {r['reason']}" for r in plan["rejected"]]
+    return "\n".join(lines)
 
 
 def progress_line(job: dict) -> str:
@@ -162,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--strategy", default="auto", choices=["auto", "single", "ddp", "fsdp", "hsdp"])
     p.add_argument("--watch", action="store_true", help="then watch it to the end")
+    p = sub.add_parser("plan", help="dry run: what tunewright would run on a GPU pool, and why")
+    p.add_argument("spec", help="FineTuneJob spec or manifest (YAML or JSON)")
+    p.add_argument("--pool", required=True, help="a pool listed by GET /v1/pools")
+    p.add_argument("--dataset-tokens", type=int, help="tokens in the training set (needed for epochs)")
     sub.add_parser("jobs", help="list jobs")
     for name in ("get", "cancel", "events", "metrics", "watch"):
         sub.add_parser(name, help=f"{name} a job").add_argument("job_id")
@@ -179,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"submitted {result['id']}: {result['plan']['explanation']}", flush=True)
                 result = watch(client, result["id"])
                 return 0 if result["status"] == "succeeded" else 1
+        elif args.command == "plan":
+            body = {"spec": spec_from_args(args), "pool": args.pool}
+            if args.dataset_tokens:
+                body["datasetTokens"] = args.dataset_tokens
+            answer = client.request("POST", "/v1/plans", json=body)
+            print(plan_text(answer))
+            return 0
         elif args.command == "jobs":
             for job in client.request("GET", "/v1/jobs")["data"]:
                 print(f"{job['id']}  {job['status']:9}  {job['model']}  step {job['progress']['step']}")

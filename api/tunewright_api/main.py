@@ -10,6 +10,7 @@ from sqlmodel import Session
 
 from tunewright_api import errors
 from tunewright_api.auth import issue_token
+from tunewright_api.backends import Backend
 from tunewright_api.backends.local import LocalBackend
 from tunewright_api.db import make_engine, migrate
 from tunewright_api.routes import files, fine_tuning, health, jobs, pools, tokens
@@ -29,7 +30,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.admin_token:
             with Session(engine) as session:
                 issue_token(session, "admin", "bootstrap", admin=True, token=settings.admin_token)
-        backend = LocalBackend(settings, engine)
+        backend: Backend = LocalBackend(settings, engine)
         app.state.settings, app.state.engine, app.state.backend = settings, engine, backend
         backend.start()
         yield

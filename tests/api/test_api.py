@@ -286,3 +286,17 @@ def test_jobs_run_on_a_local_ray_by_default(tmp_path, tiny_models):
         assert done["status"] == "succeeded", done["error"]
         log = (tmp_path / "data" / "jobs" / job["id"] / "run.log").read_text()
         assert "RayTrainWorker" in log and done["progress"]["step"] == 4
+
+
+def test_cli_plan(server, tmp_path, capsys):
+    from tunewright_api.cli import main
+
+    server.client().post("/v1/pools", json={**H100_POOL, "name": "eth", "interNode": "eth-100g", "maxNodes": 4})
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": {"source": "meta-llama/Llama-3.1-70B"}, "method": {"type": "full"},
+                                "dataset": {"train": "file-x"},
+                                "hyperparameters": {"maxSteps": 100, "globalBatchSize": 64}}))
+    assert main(["--url", server.url, "--token", ADMIN, "plan", str(spec), "--pool", "eth"]) == 0
+    out = capsys.readouterr().out
+    assert "meta-llama/Llama-3.1-70B (70.55B) on pool eth" in out
+    assert "rejected:  single: does not fit" in out and "communication-bound" in out

@@ -16,8 +16,14 @@ from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, ListEnvelope, now
 from tunewright_api.routes.files import owned_file
-from tunewright_api.routes.jobs import checkpoints, events_page, owned_job, page_of_jobs, submit
-from tunewright_api.states import TERMINAL
+from tunewright_api.routes.jobs import (
+    cancel_owned,
+    checkpoints,
+    events_page,
+    owned_job,
+    page_of_jobs,
+    submit,
+)
 from tunewright_operator.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine_tuning (OpenAI-compatible)"])
@@ -162,12 +168,7 @@ def retrieve(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant
 
 @router.post("/{fine_tuning_job_id}/cancel")
 def cancel(fine_tuning_job_id: str, request: Request, session: SessionDep, tenant: CurrentTenant) -> dict:
-    job = owned_job(session, tenant, fine_tuning_job_id)
-    if job.status in TERMINAL:
-        raise ApiError(409, f"job {job.id} already {job.status}", "fine_tuning_job_id", "already_finished")
-    request.app.state.backend.cancel(session, job)
-    session.refresh(job)
-    return openai_job(job)
+    return openai_job(cancel_owned(request, session, tenant, fine_tuning_job_id, "fine_tuning_job_id"))
 
 
 @router.get("/{fine_tuning_job_id}/events")

@@ -136,12 +136,16 @@ def get_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPubli
 
 @router.post("/{job_id}/cancel")
 def cancel_job(job_id: str, request: Request, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
+    return JobPublic.of(cancel_owned(request, session, tenant, job_id, "job_id"))
+
+
+def cancel_owned(request: Request, session, tenant, job_id: str, param: str) -> Job:
     job = owned_job(session, tenant, job_id)
     if job.status in TERMINAL:
-        raise ApiError(409, f"job {job_id} already {job.status}", "job_id", "already_finished")
+        raise ApiError(409, f"job {job_id} already {job.status}", param, "already_finished")
     request.app.state.backend.cancel(session, job)
     session.refresh(job)
-    return JobPublic.of(job)
+    return job
 
 
 @router.get("/{job_id}/events")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Literal
 
@@ -45,11 +47,26 @@ def pool_public(p: GpuPool) -> dict:
             "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour}
 
 
+def gpus_found() -> list[str]:
+    """This machine's NVIDIA GPUs, by name (none when there is no driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()] if listing.returncode == 0 else []
+
+
 def local_pool(request: Request) -> dict:
     settings = request.app.state.settings
-    return {"object": "pool", "name": LOCAL, "gpu": None, "gpus": settings.local_gpus, "cpus": os.cpu_count(),
-            "workers": settings.local_gpus or settings.local_workers, "pricePerGPUHour": 0.0,
-            "description": "this machine, through the local backend"}
+    found = gpus_found()
+    return {"object": "pool", "name": LOCAL, "gpusFound": found, "gpusUsed": settings.local_gpus,
+            "cpus": os.cpu_count(), "workers": settings.local_gpus or settings.local_workers, "pricePerGPUHour": 0.0,
+            "description": "this machine, through the local backend"
+                           + ("" if settings.local_gpus else " (training on the CPU: set TUNEWRIGHT_LOCAL_GPUS)"
+                              if found else " (no GPU found: training on the CPU)")}
 
 
 @router.get("/pools")
