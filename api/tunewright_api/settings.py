@@ -20,6 +20,9 @@ class Settings(BaseSettings):
     max_running_jobs: int = 1  # local backend: jobs at once (each takes the machine's CPUs or GPUs)
     local_workers: int = 2  # local backend on CPU: Ray workers per job
     local_gpus: int = 0  # local backend: GPUs of this machine to use (0: train on the CPU)
+    local_gpu_type: str | None = None  # catalog name (H200, H100, ...); default: what nvidia-smi reports
+    local_gpu_link: str = "nvlink4"  # how the local GPUs are joined (a planner link name)
+    local_price_per_gpu_hour: float = 0.0
     local_ray: bool = True  # run jobs on a local Ray (False: one plain process per job, e.g. for tests)
     max_upload_bytes: int = 512 * 2**20
 

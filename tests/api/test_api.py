@@ -300,3 +300,31 @@ def test_cli_plan(server, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "meta-llama/Llama-3.1-70B (70.55B) on pool eth" in out
     assert "rejected:  single: does not fit" in out and "communication-bound" in out
+
+
+@pytest.mark.parametrize(("product", "key"), [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"),
+                                              ("NVIDIA-A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
+                                              ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("Tesla T4", None)])
+def test_gpu_product_names(product, key):
+    from tunewright_operator.planner.hardware import gpu_from_product_name
+
+    assert gpu_from_product_name(product) == key
+
+
+def test_jobs_on_local_gpus_are_planned_and_predicted(tmp_path, tiny_models):
+    """With GPUs, the local backend plans each job through the planner and stores the predictions."""
+    with Server(tmp_path / "data", local_ray=False, local_gpus=2, local_gpu_type="H200",
+                local_price_per_gpu_hour=7.9) as gpu_server:
+        alice = gpu_server.tenant("alice")
+        train = upload(alice, TRAIN).json()["id"]
+        job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["llama"], train, maxSteps=100)).json()
+        plan = job["plan"]
+        assert plan["useGPU"] and plan["strategy"] in ("single", "ddp", "fsdp") and plan["explanation"].startswith(
+            "local pool (2 x H200)")
+        assert plan["predicted"]["step_seconds"] > 0 and plan["predicted"]["cost_usd"] > 0
+        assert job["status"] == "queued"
+        unknown = Server(tmp_path / "other", local_ray=False, local_gpus=1, local_gpu_type="TPU")
+        with unknown:
+            bob = unknown.tenant("bob")
+            response = bob.post("/v1/jobs", json=tiny_spec(tiny_models["llama"], upload(bob, TRAIN).json()["id"]))
+            assert response.status_code == 422 and "TUNEWRIGHT_LOCAL_GPU_TYPE" in response.json()["error"]["message"]

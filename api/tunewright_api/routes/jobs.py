@@ -16,8 +16,13 @@ from tunewright_api.backends.local import add_event
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, JobEvent, JobPublic, ListEnvelope, MetricPoint, StoredFile
 from tunewright_api.routes.files import owned_file
+from tunewright_api.routes.pools import gpus_found, profile_for
 from tunewright_api.states import TERMINAL
 from tunewright_operator.jobconfig import LayoutChoice, requested_global_batch, runtime_config
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
+from tunewright_operator.planner.jobs import layout_choice, plan_job
+from tunewright_operator.planner.search import NoPlan
 from tunewright_operator.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -46,13 +51,30 @@ def resolve_dataset(session, tenant, value: str | None, param: str) -> StoredFil
         raise ApiError(422, f"no file {value}", param, "file_not_found") from None
 
 
-def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
-    """The local pool is this machine: DDP over its GPUs, or over `local_workers` CPU workers.
+def planned_layout(spec: FineTuneJobSpec, settings, train: StoredFile) -> tuple[LayoutChoice, dict]:
+    """This machine's GPUs as a one-node pool, planned like any other; predictions stored with the job."""
+    gpu_type = settings.local_gpu_type or next(filter(None, map(gpu_from_product_name, gpus_found())), None)
+    if gpu_type not in GPUS:
+        raise ApiError(422, f"cannot plan for local GPUs of type {gpu_type!r}: set TUNEWRIGHT_LOCAL_GPU_TYPE to one "
+                            f"of {', '.join(GPUS)}", "resources", "unknown_gpu")
+    pool = Pool("local", calibration.for_gpu(gpu_type), settings.local_gpus, 1, LINKS[settings.local_gpu_link], None,
+                settings.local_price_per_gpu_hour)
+    cal, _ = calibration.load()
+    # without maxSteps, steps follow from the data: ~4 bytes of JSONL per token is the estimate until the run counts
+    try:
+        chosen = plan_job(spec, pool, cal, profile_for(spec.model.source), dataset_tokens=max(1, train.bytes // 4))
+    except NoPlan as err:
+        raise ApiError(422, str(err), "resources", "no_plan") from None
+    layout = layout_choice(chosen)
+    return layout, {"strategy": chosen.strategy, "workers": chosen.gpus, "useGPU": True,
+                    "microBatch": chosen.micro_batch, "gradAccum": chosen.grad_accum,
+                    "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}",
+                    "predicted": chosen.predicted.model_dump(), "rejected": [r.model_dump() for r in chosen.rejected]}
 
-    (The planner models GPUs; on a CPU-only machine the layout is fixed by the worker count.)
-    """
-    use_gpu = settings.local_gpus > 0
-    workers = settings.local_gpus if use_gpu else max(1, min(settings.local_workers, os.cpu_count() or 1))
+
+def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
+    """On a CPU-only machine: DDP over `local_workers` CPU workers (the planner models GPUs, not CPUs)."""
+    workers = max(1, min(settings.local_workers, os.cpu_count() or 1))
     strategy = spec.resources.strategy
     if strategy == "auto":
         strategy = "ddp" if workers > 1 else "single"
@@ -67,11 +89,10 @@ def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
                        "hyperparameters.globalBatchSize", "invalid_value")
     per_worker = batch // workers
     micro = max(m for m in range(1, min(per_worker, MAX_MICRO_BATCH) + 1) if per_worker % m == 0)
-    layout = LayoutChoice(strategy, workers, micro, per_worker // micro, False, use_gpu=use_gpu,
+    layout = LayoutChoice(strategy, workers, micro, per_worker // micro, False, use_gpu=False,
                           shard_group=workers if strategy == "fsdp" else 1)
-    device = f"{workers} GPU{'s' if workers > 1 else ''}" if use_gpu else f"{workers} CPU worker{'s' if workers > 1 else ''}"
-    why = (f"local pool: {strategy} on {device} (Ray, gloo on CPU), micro-batch {micro} x {per_worker // micro} "
-           f"accumulation = {batch} sequences per step")
+    why = (f"local pool: {strategy} on {workers} CPU worker{'s' if workers > 1 else ''} (Ray, gloo), micro-batch "
+           f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step")
     return layout, why
 
 
@@ -91,21 +112,25 @@ def submit(spec: FineTuneJobSpec, request: Request, session, tenant, **columns) 
     if train.format != spec.dataset.format:
         raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
                        "dataset.format", "invalid_value")
-    layout, why = local_layout(spec, settings)
+    if settings.local_gpus > 0:
+        layout, plan = planned_layout(spec, settings, train)
+    else:
+        layout, why = local_layout(spec, settings)
+        plan = {"strategy": layout.strategy, "workers": layout.workers, "useGPU": False,
+                "microBatch": layout.micro_batch, "gradAccum": layout.grad_accum, "explanation": why}
     job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
               **columns)
     telemetry_token = new_token()
     job.telemetry_token_hash = hash_token(telemetry_token)
     run_dir = backend.run_dir(job)
-    job.plan = {"strategy": layout.strategy, "workers": layout.workers, "useGPU": layout.use_gpu,
-                "microBatch": layout.micro_batch, "gradAccum": layout.grad_accum, "explanation": why}
+    job.plan = plan
     job.config = runtime_config(
         spec, layout, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
         validation=validation.path if validation else None, checkpoint_storage=str(run_dir / "checkpoints"),
         telemetry_endpoint=f"{settings.public_url.rstrip('/')}/v1/internal/jobs/{job.id}/telemetry")
     backend.prepare(job, telemetry_token)
     session.add(job)
-    add_event(session, job, f"queued; plan: {why}")
+    add_event(session, job, f"queued; plan: {plan['explanation']}")
     session.commit()
     return job
 

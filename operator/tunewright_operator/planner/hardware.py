@@ -75,3 +75,14 @@ class Pool:
     @property
     def max_gpus(self) -> int:
         return self.gpus_per_node * self.max_nodes
+
+
+def gpu_from_product_name(product: str) -> str | None:
+    """The catalog key for a product name as nvidia-smi or the nvidia.com/gpu.product label writes it."""
+    name = product.upper().replace("-", " ")
+    if "A100" in name:
+        return "A100-80GB" if "80GB" in name.replace(" ", "") else "A100-40GB"
+    for key in ("H200", "H100", "L40S", "A10G"):
+        if key in name:
+            return key
+    return "L4" if " L4" in f" {name}" else None
