@@ -110,7 +110,8 @@ def progress_line(job: dict) -> str:
     return f"{job['status']:9} [{bar}] step {step}/{total or '?'}  loss {loss}  tokens/s {speed}  ETA {eta}"
 
 
-def watch(client: Client, job_id: str, out=sys.stdout, poll: float = 1.0) -> dict:
+def watch(client: Client, job_id: str, out=None, poll: float = 1.0) -> dict:
+    out = out or sys.stdout  # looked up per call: stdout can be replaced (tests, redirection)
     interactive = out.isatty()
     last = ""
     while True:
