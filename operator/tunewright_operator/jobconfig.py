@@ -6,29 +6,11 @@ parses what this emits with the runtime's loader.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from tunewright_operator.planner.estimate import Layout
 from tunewright_operator.spec import FineTuneJobSpec
 
 
-@dataclass(frozen=True)
-class LayoutChoice:
-    """How to run: what the planner chose, or what a user forced."""
-
-    strategy: str  # single | ddp | fsdp | hsdp
-    workers: int
-    micro_batch: int
-    grad_accum: int
-    activation_checkpointing: bool
-    use_gpu: bool
-    shard_group: int = 1
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.micro_batch * self.grad_accum * self.workers
-
-
-def runtime_config(spec: FineTuneJobSpec, layout: LayoutChoice, *, name: str, output_dir: str, train: str,
+def runtime_config(spec: FineTuneJobSpec, layout: Layout, use_gpu: bool, *, name: str, output_dir: str, train: str,
                    validation: str | None, checkpoint_storage: str | None = None,
                    metrics_path: str | None = None, telemetry_endpoint: str | None = None) -> dict:
     """`train`/`validation` are what the workers read (uploaded file ids resolved to paths by the caller)."""
@@ -37,12 +19,12 @@ def runtime_config(spec: FineTuneJobSpec, layout: LayoutChoice, *, name: str, ou
         "learning_rate": hp.learning_rate, "seq_len": hp.seq_len, "warmup_ratio": hp.warmup_ratio,
         "weight_decay": hp.weight_decay, "seed": hp.seed,
         # the layout fixes the global batch; a batch given in the spec was an input to choosing it
-        "global_batch_size": layout.global_batch_size,
+        "global_batch_size": layout.micro_batch * layout.grad_accum * layout.gpus,
     }
     if hp.max_steps is not None:
         hyperparameters["max_steps"] = hp.max_steps
     hyperparameters["epochs"] = hp.epochs or 1
-    strategy = {"type": layout.strategy, "num_workers": layout.workers, "use_gpu": layout.use_gpu,
+    strategy = {"type": layout.strategy, "num_workers": layout.gpus, "use_gpu": use_gpu,
                 "micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum,
                 "activation_checkpointing": layout.activation_checkpointing}
     if layout.strategy == "hsdp":

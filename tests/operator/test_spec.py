@@ -4,7 +4,7 @@ from pydantic import ValidationError
 from tunewright_operator.jobconfig import requested_global_batch
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
-from tunewright_operator.planner.jobs import layout_choice, plan_job, workload
+from tunewright_operator.planner.jobs import layout_of, plan_job, workload
 from tunewright_operator.planner.models import CATALOG
 from tunewright_operator.spec import FineTuneJobSpec
 
@@ -46,8 +46,8 @@ def test_a_spec_is_planned_within_its_budget_and_gpu_cap():
     pool = Pool("h100", gpu, 8, 2, LINKS["nvlink4"], LINKS["ib-8x400g"], 4.0)
     chosen = plan_job(spec, pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
     assert chosen.gpus <= 8 and chosen.predicted.cost_usd <= 500
-    layout = layout_choice(chosen)
-    assert layout.global_batch_size == 64
+    layout = layout_of(chosen)
+    assert layout.micro_batch * layout.grad_accum * layout.gpus == 64
 
 
 def test_steps_come_from_epochs_and_dataset_size():

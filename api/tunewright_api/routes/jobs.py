@@ -18,10 +18,11 @@ from tunewright_api.models import Job, JobEvent, JobPublic, ListEnvelope, Metric
 from tunewright_api.routes.files import owned_file
 from tunewright_api.routes.pools import gpus_found, profile_for
 from tunewright_api.states import TERMINAL
-from tunewright_operator.jobconfig import LayoutChoice, requested_global_batch, runtime_config
+from tunewright_operator.jobconfig import requested_global_batch, runtime_config
 from tunewright_operator.planner import calibration
+from tunewright_operator.planner.estimate import Layout
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
-from tunewright_operator.planner.jobs import layout_choice, plan_job
+from tunewright_operator.planner.jobs import layout_of, plan_job
 from tunewright_operator.planner.search import NoPlan
 from tunewright_operator.spec import FineTuneJobSpec
 
@@ -51,7 +52,7 @@ def resolve_dataset(session, tenant, value: str | None, param: str) -> StoredFil
         raise ApiError(422, f"no file {value}", param, "file_not_found") from None
 
 
-def planned_layout(spec: FineTuneJobSpec, settings, train: StoredFile) -> tuple[LayoutChoice, dict]:
+def planned_layout(spec: FineTuneJobSpec, settings, train: StoredFile) -> tuple[Layout, dict]:
     """This machine's GPUs as a one-node pool, planned like any other; predictions stored with the job."""
     gpu_type = settings.local_gpu_type or next(filter(None, map(gpu_from_product_name, gpus_found())), None)
     if gpu_type not in GPUS:
@@ -65,14 +66,14 @@ def planned_layout(spec: FineTuneJobSpec, settings, train: StoredFile) -> tuple[
         chosen = plan_job(spec, pool, cal, profile_for(spec.model.source), dataset_tokens=max(1, train.bytes // 4))
     except NoPlan as err:
         raise ApiError(422, str(err), "resources", "no_plan") from None
-    layout = layout_choice(chosen)
+    layout = layout_of(chosen)
     return layout, {"strategy": chosen.strategy, "workers": chosen.gpus, "useGPU": True,
                     "microBatch": chosen.micro_batch, "gradAccum": chosen.grad_accum,
                     "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}",
                     "predicted": chosen.predicted.model_dump(), "rejected": [r.model_dump() for r in chosen.rejected]}
 
 
-def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
+def local_layout(spec: FineTuneJobSpec, settings) -> tuple[Layout, str]:
     """On a CPU-only machine: DDP over `local_workers` CPU workers (the planner models GPUs, not CPUs)."""
     workers = max(1, min(settings.local_workers, os.cpu_count() or 1))
     strategy = spec.resources.strategy
@@ -89,8 +90,8 @@ def local_layout(spec: FineTuneJobSpec, settings) -> tuple[LayoutChoice, str]:
                        "hyperparameters.globalBatchSize", "invalid_value")
     per_worker = batch // workers
     micro = max(m for m in range(1, min(per_worker, MAX_MICRO_BATCH) + 1) if per_worker % m == 0)
-    layout = LayoutChoice(strategy, workers, micro, per_worker // micro, False, use_gpu=False,
-                          shard_group=workers if strategy == "fsdp" else 1)
+    layout = Layout(strategy, workers, 1, micro, per_worker // micro, False,
+                    shard_group=workers if strategy == "fsdp" else 1)
     why = (f"local pool: {strategy} on {workers} CPU worker{'s' if workers > 1 else ''} (Ray, gloo), micro-batch "
            f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step")
     return layout, why
@@ -116,7 +117,7 @@ def submit(spec: FineTuneJobSpec, request: Request, session, tenant, **columns) 
         layout, plan = planned_layout(spec, settings, train)
     else:
         layout, why = local_layout(spec, settings)
-        plan = {"strategy": layout.strategy, "workers": layout.workers, "useGPU": False,
+        plan = {"strategy": layout.strategy, "workers": layout.gpus, "useGPU": False,
                 "microBatch": layout.micro_batch, "gradAccum": layout.grad_accum, "explanation": why}
     job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
               **columns)
@@ -125,7 +126,7 @@ def submit(spec: FineTuneJobSpec, request: Request, session, tenant, **columns) 
     run_dir = backend.run_dir(job)
     job.plan = plan
     job.config = runtime_config(
-        spec, layout, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
+        spec, layout, settings.local_gpus > 0, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
         validation=validation.path if validation else None, checkpoint_storage=str(run_dir / "checkpoints"),
         telemetry_endpoint=f"{settings.public_url.rstrip('/')}/v1/internal/jobs/{job.id}/telemetry")
     backend.prepare(job, telemetry_token)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from tunewright_operator.jobconfig import LayoutChoice, requested_global_batch
-from tunewright_operator.planner.estimate import Calibration, Workload
+from tunewright_operator.jobconfig import requested_global_batch
+from tunewright_operator.planner.estimate import Calibration, Layout, Workload
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.models import ModelProfile
 from tunewright_operator.planner.search import Plan, plan
@@ -34,6 +34,6 @@ def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profil
                 strategy=res.strategy, max_gpus=res.max_gpus, budget_usd=res.budget_usd)
 
 
-def layout_choice(chosen: Plan) -> LayoutChoice:
-    return LayoutChoice(chosen.strategy, chosen.gpus, chosen.micro_batch, chosen.grad_accum,
-                        chosen.activation_checkpointing, use_gpu=True, shard_group=chosen.shard_group)
+def layout_of(chosen: Plan) -> Layout:
+    return Layout(chosen.strategy, chosen.gpus, chosen.nodes, chosen.micro_batch, chosen.grad_accum,
+                  chosen.activation_checkpointing, chosen.shard_group)
