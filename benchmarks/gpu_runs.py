@@ -36,6 +36,10 @@ MODELS = {
                                num_key_value_heads=8, **_LLAMA3)),
     "llama-3b": ("llama", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
                                num_key_value_heads=8, **_LLAMA3)),
+    # Qwen2.5-0.5B's shape as a Llama (FFN 5.4x hidden, where the others have 4x or 2.7x)
+    "qwen-0.5b": ("llama", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
+                                tie_word_embeddings=True, rope_theta=1000000.0)),
 }
 SMOKE_MODELS = {
     "gpt2-124m": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=512, **NO_DROPOUT)),
@@ -43,6 +47,8 @@ SMOKE_MODELS = {
                                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
     "llama-3b": ("llama", dict(hidden_size=96, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
+    "qwen-0.5b": ("llama", dict(hidden_size=64, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
 }
 
 
@@ -78,6 +84,12 @@ MATRICES = {
         Run("llama-3b", "full", "single", 1, 4, True),
         Run("llama-1b", "full", "ddp", 2, 4), Run("llama-1b", "full", "fsdp", 2, 4, True),
         Run("llama-3b", "full", "fsdp", 2, 4), Run("llama-3b", "lora", "ddp", 2, 4),
+    ],
+    # A third FFN/hidden ratio, so activation bytes per FFN unit are measured rather than assumed.
+    "calibration-ffn": [
+        Run("qwen-0.5b", "full", "single", 1, 8), Run("qwen-0.5b", "full", "single", 1, 8, True),
+        Run("qwen-0.5b", "lora", "single", 1, 8), Run("qwen-0.5b", "full", "fsdp", 1, 8),
+        Run("qwen-0.5b", "lora", "fsdp", 1, 4, True),
     ],
     # FSDP's mixed-precision path (bf16 parameters, no autocast) on one GPU, so the planner's fit set
     # holds every precision path the runtime has.
