@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+from tunewright_api.states import TERMINAL
 
 
 class ApiError(RuntimeError):

@@ -49,8 +49,11 @@ def runtime_config(spec: FineTuneJobSpec, layout: Layout, use_gpu: bool, *, name
     return config
 
 
-def requested_global_batch(spec: FineTuneJobSpec) -> int | None:
-    """Sequences per step the spec asks for, if any (tokens are converted at the spec's sequence length)."""
+DEFAULT_GLOBAL_BATCH = 16  # sequences per step when the spec leaves it to us
+
+
+def global_batch(spec: FineTuneJobSpec) -> int:
+    """Sequences per step: what the spec asks for (tokens converted at its sequence length), or the default."""
     hp = spec.hyperparameters
     if hp.global_batch_size is not None:
         return hp.global_batch_size
@@ -59,4 +62,4 @@ def requested_global_batch(spec: FineTuneJobSpec) -> int | None:
             raise ValueError(f"hyperparameters.globalBatchTokens: {hp.global_batch_tokens} is not a multiple of "
                              f"seqLen ({hp.seq_len})")
         return hp.global_batch_tokens // hp.seq_len
-    return None
+    return DEFAULT_GLOBAL_BATCH

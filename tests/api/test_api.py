@@ -87,7 +87,7 @@ def test_cancel_stops_the_run(server, tiny_models):
     job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()
     running = wait_for(alice, job["id"], {"running"})
     assert running["status"] == "running"
-    pid = server.app.state.engine and _pid(server, job["id"])
+    pid = _pid(server, job["id"])
     cancelled = alice.post(f"/v1/jobs/{job['id']}/cancel").json()
     assert cancelled["status"] == "cancelled"
     with pytest.raises(ProcessLookupError):

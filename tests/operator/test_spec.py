@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from tunewright_operator.jobconfig import requested_global_batch
+from tunewright_operator.jobconfig import DEFAULT_GLOBAL_BATCH, global_batch
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
 from tunewright_operator.planner.jobs import layout_of, plan_job, workload
@@ -24,7 +24,9 @@ def test_camel_case_on_the_wire():
     dumped = spec.model_dump(by_alias=True, exclude_none=True)
     assert dumped["resources"]["maxGPUs"] == 8 and dumped["hyperparameters"]["globalBatchTokens"] == 131072
     assert FineTuneJobSpec.model_validate(dumped) == spec
-    assert requested_global_batch(spec) == 64
+    assert global_batch(spec) == 64
+    unset = FineTuneJobSpec.model_validate({**SPEC, "hyperparameters": {"maxSteps": 5}})
+    assert global_batch(unset) == DEFAULT_GLOBAL_BATCH
 
 
 @pytest.mark.parametrize(("patch", "field"), [

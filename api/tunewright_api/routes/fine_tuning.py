@@ -15,20 +15,21 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, ListEnvelope, now
-from tunewright_api.routes.files import owned_file
 from tunewright_api.routes.jobs import (
     cancel_owned,
     checkpoints,
     events_page,
     owned_job,
     page_of_jobs,
+    resolve_dataset,
     submit,
 )
+from tunewright_operator.jobconfig import DEFAULT_GLOBAL_BATCH
 from tunewright_operator.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine_tuning (OpenAI-compatible)"])
 BASE_LEARNING_RATE = {"lora": 2e-4, "full": 2e-5}  # learning_rate_multiplier scales these
-DEFAULT_EPOCHS, DEFAULT_BATCH = 3, 16
+DEFAULT_EPOCHS = 3
 STATUS = {"queued": "queued", "running": "running", "succeeded": "succeeded", "failed": "failed",
           "cancelled": "cancelled"}
 
@@ -94,7 +95,7 @@ def to_spec(body: FineTuningJobCreate, dataset_format: str) -> FineTuneJobSpec:
             "epochs": DEFAULT_EPOCHS if hp.n_epochs == "auto" else hp.n_epochs,
             "maxSteps": body.max_steps,
             "learningRate": BASE_LEARNING_RATE[body.method_type] * multiplier,
-            "globalBatchSize": DEFAULT_BATCH if hp.batch_size == "auto" else hp.batch_size,
+            "globalBatchSize": DEFAULT_GLOBAL_BATCH if hp.batch_size == "auto" else hp.batch_size,
             "seqLen": body.seq_len,
             **({"seed": body.seed} if body.seed is not None else {}),
         },
@@ -139,19 +140,11 @@ def openai_job(job: Job) -> dict:
 
 @router.post("")
 def create(body: FineTuningJobCreate, request: Request, session: SessionDep, tenant: CurrentTenant) -> dict:
-    train = owned_file_or_422(session, tenant, body.training_file, "training_file")
-    if body.validation_file is not None:
-        owned_file_or_422(session, tenant, body.validation_file, "validation_file")
+    train = resolve_dataset(session, tenant, body.training_file, "training_file")
+    resolve_dataset(session, tenant, body.validation_file, "validation_file")
     job = submit(to_spec(body, train.format), request, session, tenant, suffix=body.suffix,
                  job_metadata=body.metadata)
     return openai_job(job)
-
-
-def owned_file_or_422(session, tenant, file_id: str, param: str):
-    try:
-        return owned_file(session, tenant, file_id)
-    except ApiError:
-        raise ApiError(422, f"no file {file_id}", param, "file_not_found") from None
 
 
 @router.get("")

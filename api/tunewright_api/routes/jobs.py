@@ -18,7 +18,7 @@ from tunewright_api.models import Job, JobEvent, JobPublic, ListEnvelope, Metric
 from tunewright_api.routes.files import owned_file
 from tunewright_api.routes.pools import gpus_found, profile_for
 from tunewright_api.states import TERMINAL
-from tunewright_operator.jobconfig import requested_global_batch, runtime_config
+from tunewright_operator.jobconfig import global_batch, runtime_config
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.estimate import Layout
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
@@ -28,7 +28,6 @@ from tunewright_operator.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 internal = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
-DEFAULT_GLOBAL_BATCH = 16
 MAX_MICRO_BATCH = 8
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 
@@ -84,7 +83,7 @@ def local_layout(spec: FineTuneJobSpec, settings) -> tuple[Layout, str]:
     if strategy == "hsdp":
         raise ApiError(422, "hsdp needs several nodes; the local pool is one machine", "resources.strategy",
                        "invalid_value")
-    batch = requested_global_batch(spec) or DEFAULT_GLOBAL_BATCH
+    batch = global_batch(spec)
     if batch % workers:
         raise ApiError(422, f"a global batch of {batch} sequences does not divide over {workers} workers",
                        "hyperparameters.globalBatchSize", "invalid_value")

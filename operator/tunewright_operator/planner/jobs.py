@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import math
 
-from tunewright_operator.jobconfig import requested_global_batch
+from tunewright_operator.jobconfig import global_batch
 from tunewright_operator.planner.estimate import Calibration, Layout, Workload
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.models import ModelProfile
 from tunewright_operator.planner.search import Plan, plan
 from tunewright_operator.spec import FineTuneJobSpec
 
-DEFAULT_GLOBAL_BATCH = 16  # sequences per step when the spec leaves it to us
-
 
 def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int | None) -> Workload:
     hp = spec.hyperparameters
-    batch = requested_global_batch(spec) or DEFAULT_GLOBAL_BATCH
+    batch = global_batch(spec)
     if hp.max_steps is not None:
         steps = hp.max_steps
     elif dataset_tokens is None:
