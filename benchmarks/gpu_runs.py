@@ -1,14 +1,17 @@
-"""Measured runs of the training runtime on GPUs: the baseline, and the planner's calibration matrix.
+"""Measured runs of the training runtime on GPUs: the planner's calibration matrix and the 8B scale runs.
 
-Runs the real runtime (`python -m tunewright_jobs.run --no-ray`, under torchrun for two GPUs) on models
-built from configs (random init: no weights can be downloaded) and a synthetic text dataset whose
-examples fill whole rows (so attention is plain causal SDPA). Prints a table of trained tokens/s per
-GPU, MFU, step time and peak memory, and writes the raw numbers as JSON (after every run, so a cut-off
+Runs the real runtime (`python -m tunewright_jobs.run --no-ray`, under torchrun for several GPUs) on
+models built from configs (random init: no weights can be downloaded) and a synthetic text dataset whose
+examples fill whole rows (so attention is plain causal SDPA). One-GPU runs go two at a time when two GPUs
+are visible (one per GPU; offloaded runs alone, since they share the host's cores). Each run's last
+steps are profiled for the measured communication share; timings are medians of the steps between the
+warm-up and that window. Prints a table and writes the raw numbers as JSON after every run (so a cut-off
 call keeps what finished).
 
-  python benchmarks/gpu_runs.py --matrix baseline --out results/     # on a machine with 2 GPUs
-  python benchmarks/gpu_runs.py --matrix calibration --out results/
-  python benchmarks/gpu_runs.py --matrix baseline --out /tmp/x --smoke  # tiny sizes, CPU: checks the script
+  python benchmarks/gpu_runs.py --matrix calibration --out results/   # on a machine with 2 GPUs
+  python benchmarks/gpu_runs.py --matrix calibration-2gpu --out results/
+  python benchmarks/gpu_runs.py --matrix scale-8b --out results/
+  python benchmarks/gpu_runs.py --matrix calibration --out /tmp/x --smoke  # tiny sizes, CPU: checks the script
 """
 
 from __future__ import annotations
@@ -16,16 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import random
 import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "operator"))
 
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
 _LLAMA3 = dict(vocab_size=128256, max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=500000.0)
@@ -40,6 +46,9 @@ MODELS = {
     "qwen-0.5b": ("llama", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
                                 tie_word_embeddings=True, rope_theta=1000000.0)),
+    "llama-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+                               tie_word_embeddings=False, rope_theta=500000.0)),
 }
 SMOKE_MODELS = {
     "gpt2-124m": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=512, **NO_DROPOUT)),
@@ -49,6 +58,9 @@ SMOKE_MODELS = {
                                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
     "qwen-0.5b": ("llama", dict(hidden_size=64, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
+    "llama-8b": ("llama", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
+                               tie_word_embeddings=False)),
 }
 
 
@@ -59,43 +71,50 @@ class Run(NamedTuple):
     gpus: int
     micro_batch: int
     activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    seq_len: int = 2048
+    hsdp_shard: int = 0  # GPUs per HSDP shard group
 
     @property
     def name(self) -> str:
-        return (f"{self.model}-{self.method}-{self.strategy}-{self.gpus}gpu-mb{self.micro_batch}"
-                + ("-ac" if self.activation_checkpointing else ""))
+        return (f"{self.model}-{self.method}-{self.strategy}-{self.gpus}gpu"
+                + (f"-g{self.hsdp_shard}" if self.hsdp_shard else "") + f"-mb{self.micro_batch}"
+                + ("-ac" if self.activation_checkpointing else "") + ("-offload" if self.cpu_offload else "")
+                + (f"-s{self.seq_len}" if self.seq_len != 2048 else ""))
 
 
 MATRICES = {
-    "baseline": [
-        Run("gpt2-124m", "lora", "single", 1, 16), Run("gpt2-124m", "full", "single", 1, 16),
-        Run("llama-1b", "lora", "single", 1, 8), Run("llama-1b", "full", "single", 1, 8),
-        Run("llama-1b", "lora", "ddp", 2, 8), Run("llama-1b", "full", "ddp", 2, 8),
-        Run("llama-1b", "full", "fsdp", 2, 8),
-    ],
     # For the planner: sizes 124M-3B, LoRA and full, activation checkpointing on and off, several
-    # micro-batches, DDP and FSDP (the baseline's runs count too).
+    # micro-batches, single, DDP and FSDP, CPU offload. The fit set is the one-GPU runs of the two smallest
+    # models; everything else is held out.
     "calibration": [
-        Run("gpt2-124m", "full", "single", 1, 4), Run("gpt2-124m", "full", "single", 1, 8, True),
-        Run("gpt2-124m", "lora", "single", 1, 4, True),
+        Run("gpt2-124m", "full", "single", 1, 16), Run("gpt2-124m", "lora", "single", 1, 16),
+        Run("gpt2-124m", "full", "single", 1, 8, True), Run("gpt2-124m", "lora", "single", 1, 4, True),
+        Run("llama-1b", "full", "single", 1, 8), Run("llama-1b", "lora", "single", 1, 8),
         Run("llama-1b", "full", "single", 1, 2), Run("llama-1b", "full", "single", 1, 8, True),
         Run("llama-1b", "lora", "single", 1, 4, True),
         Run("llama-3b", "lora", "single", 1, 4), Run("llama-3b", "full", "single", 1, 2),
-        Run("llama-3b", "full", "single", 1, 4, True),
-        Run("llama-1b", "full", "ddp", 2, 4), Run("llama-1b", "full", "fsdp", 2, 4, True),
-        Run("llama-3b", "full", "fsdp", 2, 4), Run("llama-3b", "lora", "ddp", 2, 4),
+        Run("llama-3b", "full", "single", 1, 4, True), Run("llama-3b", "lora", "single", 1, 8, True),
+        Run("qwen-0.5b", "full", "single", 1, 8), Run("qwen-0.5b", "lora", "single", 1, 4, True),
+        Run("llama-1b", "full", "single", 1, 8, False, True), Run("llama-3b", "full", "single", 1, 4, False, True),
     ],
-    # A third FFN/hidden ratio, so activation bytes per FFN unit are measured rather than assumed.
-    "calibration-ffn": [
-        Run("qwen-0.5b", "full", "single", 1, 8), Run("qwen-0.5b", "full", "single", 1, 8, True),
-        Run("qwen-0.5b", "lora", "single", 1, 8), Run("qwen-0.5b", "full", "fsdp", 1, 8),
-        Run("qwen-0.5b", "lora", "fsdp", 1, 4, True),
+    "calibration-2gpu": [
+        Run("llama-1b", "lora", "ddp", 2, 8), Run("llama-1b", "full", "ddp", 2, 8),
+        Run("llama-1b", "full", "fsdp", 2, 8), Run("llama-3b", "full", "fsdp", 2, 4),
+        Run("llama-3b", "lora", "ddp", 2, 4), Run("llama-3b", "lora", "fsdp", 2, 4),
     ],
-    # FSDP's mixed-precision path (bf16 parameters, no autocast) on one GPU, so the planner's fit set
-    # holds every precision path the runtime has.
-    "calibration-fsdp": [
-        Run("gpt2-124m", "full", "fsdp", 1, 8), Run("llama-1b", "full", "fsdp", 1, 8),
-        Run("llama-1b", "lora", "fsdp", 1, 8), Run("llama-1b", "full", "fsdp", 1, 4, True),
+    # An ~8B Llama (Llama 3.1 8B's shape) at two sequence lengths (issue 5): full FSDP, full hybrid shard in
+    # two groups and LoRA DDP on 2, 4 and 8 GPUs, LoRA on one for scaling. Full fine-tuning of 8B does not
+    # fit one H200 without offload; two groups of one GPU would be DDP, so HSDP starts at 4. Runs needing
+    # more GPUs than are visible are recorded as skipped.
+    "scale-8b": [
+        Run("llama-8b", "lora", "single", 1, 4), Run("llama-8b", "lora", "single", 1, 2, seq_len=4096),
+        *[run for gpus in (2, 4, 8) for run in (
+            Run("llama-8b", "lora", "ddp", gpus, 4), Run("llama-8b", "lora", "ddp", gpus, 2, seq_len=4096),
+            Run("llama-8b", "full", "fsdp", gpus, 2), Run("llama-8b", "full", "fsdp", gpus, 1, seq_len=4096),
+            *([Run("llama-8b", "full", "hsdp", gpus, 2, hsdp_shard=gpus // 2),
+               Run("llama-8b", "full", "hsdp", gpus, 1, seq_len=4096, hsdp_shard=gpus // 2)] if gpus >= 4 else []),
+        )],
     ],
 }
 
@@ -128,8 +147,13 @@ def model_flops_per_token(params: int, layers: int, hidden: int, seq: int, metho
     return (6 if method == "full" else 4) * params + 12 * layers * hidden * seq
 
 
-def run_one(run: Run, models: dict, work: Path, seq_len: int, steps: int, smoke: bool) -> dict:
+PROFILED_STEPS = 3  # the last steps of a run: the communication-share window
+WARMUP_STEPS = 3  # allocator growth, cuBLAS/NCCL setup
+
+
+def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices: str | None) -> dict:
     info = models[run.model]
+    seq_len = 128 if smoke else run.seq_len
     out = work / run.name
     config = {
         "name": run.name.replace("_", "-"), "output_dir": str(out),
@@ -139,9 +163,12 @@ def run_one(run: Run, models: dict, work: Path, seq_len: int, steps: int, smoke:
         "hyperparameters": {"max_steps": steps, "learning_rate": 1e-4, "seq_len": seq_len, "warmup_ratio": 0.0,
                             "global_batch_size": run.micro_batch * run.gpus},
         "strategy": {"type": run.strategy, "num_workers": run.gpus, "use_gpu": not smoke,
-                     "micro_batch_size": run.micro_batch, "activation_checkpointing": run.activation_checkpointing},
+                     "micro_batch_size": run.micro_batch, "activation_checkpointing": run.activation_checkpointing,
+                     "cpu_offload": run.cpu_offload and not smoke,
+                     **({"hsdp_shard_size": run.hsdp_shard} if run.hsdp_shard else {})},
         "checkpoint": {"final": False},
-        "metrics": {"log_every_steps": 1},
+        "metrics": {"log_every_steps": 1,
+                    "profile": {"first_step": steps - PROFILED_STEPS, "steps": PROFILED_STEPS, "every_steps": 0}},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(config, indent=2))
@@ -151,19 +178,23 @@ def run_one(run: Run, models: dict, work: Path, seq_len: int, steps: int, smoke:
                     "tunewright_jobs.run"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "jobs"), os.environ.get("PYTHONPATH")]))}
-    if run.gpus == 1 and not smoke:
-        env["CUDA_VISIBLE_DEVICES"] = "0"
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
     started = time.time()
-    proc = subprocess.run([*launcher, "--no-ray", "--config", str(out / "job.json")], env=env,
-                          capture_output=True, text=True, timeout=420)
+    try:
+        proc = subprocess.run([*launcher, "--no-ray", "--config", str(out / "job.json")], env=env,
+                              capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as err:
+        return {"name": run.name, **run._asdict(), "returncode": None, "error": f"timed out: {err}"}
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     row = {"name": run.name, **run._asdict(), "seq_len": seq_len, "wall_seconds": time.time() - started,
-           "returncode": proc.returncode}
+           "returncode": proc.returncode, "devices": devices}
     if proc.returncode:
         row["error"] = (proc.stderr or proc.stdout)[-1500:]
         return row
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps_ = [r for r in records if r["event"] == "step"][3:]  # skip warm-up (allocator, cuDNN/cuBLAS setup)
+    steps_ = [r for r in records if r["event"] == "step"][WARMUP_STEPS:steps - PROFILED_STEPS]
+    comm = [r for r in records if r["event"] == "comm"]
     tokens_per_second = statistics.median(r["tokens_per_second"] for r in steps_)
     flops = model_flops_per_token(info["params"], info["layers"], info["hidden"], seq_len, run.method)
     row.update({
@@ -178,7 +209,39 @@ def run_one(run: Run, models: dict, work: Path, seq_len: int, steps: int, smoke:
         "mfu": tokens_per_second / run.gpus * flops / 989e12,  # H200 dense bf16 datasheet peak
         "steps_measured": len(steps_),
     })
+    if comm:
+        row.update({k: comm[-1][k] for k in ("comm_share", "comm_share_exposed", "comm_seconds_per_step",
+                                             "exposed_comm_seconds_per_step", "profiled_step_seconds")})
     return row
+
+
+def predictions(runs: list[Run], measured_json: Path | None) -> str:
+    """Markdown: the planner's prediction for each run on H200s, and the measurement where there is one."""
+    from tunewright_operator.planner import calibration
+    from tunewright_operator.planner.estimate import Layout, Workload, estimate
+
+    cal, gpu = calibration.load()
+    measured = {}
+    if measured_json is not None:
+        measured = {r["name"]: r for r in json.loads(measured_json.read_text())["runs"] if "tokens_per_second" in r}
+    lines = ["| run | predicted tok/s/GPU | measured | error | predicted peak GiB | measured | predicted comm "
+             "(total / exposed) | measured |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        model = calibration.MEASURED_MODELS[run.model]
+        shard = {"fsdp": run.gpus, "hsdp": run.hsdp_shard}.get(run.strategy, 1)
+        w = Workload(model, run.method, run.seq_len, run.micro_batch * run.gpus, steps=1)
+        layout = Layout(run.strategy, run.gpus, 1, run.micro_batch, 1, run.activation_checkpointing, shard,
+                        run.cpu_offload)
+        e = estimate(w, layout, calibration.measured_pool(gpu, run.gpus), cal)
+        speed = w.tokens_per_step / e.step_seconds / run.gpus
+        m = measured.get(run.name)
+        got = (f"{m['tokens_per_second_per_gpu']:,.0f} | {speed / m['tokens_per_second_per_gpu'] - 1:+.1%} | "
+               if m else "not run | | ")
+        mem = f"{m['peak_memory_gib']:.1f}" if m else ""
+        comm = f"{m['comm_share']:.1%} / {m['comm_share_exposed']:.1%}" if m and "comm_share" in m else ""
+        lines.append(f"| {run.name} | {speed:,.0f} | {got}{e.peak_memory_bytes / 2**30:.1f} | {mem} | "
+                     f"{e.comm_share:.1%} / {e.exposed_comm_share:.1%} | {comm} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -188,14 +251,21 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny models on CPU: checks the script")
     parser.add_argument("--matrix", choices=sorted(MATRICES), default="baseline")
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--only", nargs="*", help="run names (or prefixes) to run, of the matrix")
+    parser.add_argument("--predict", action="store_true",
+                        help="no runs: the planner's predictions for the matrix (beside --out's measured JSON, if any)")
     args = parser.parse_args()
+    if args.predict:
+        measured = args.out / f"gpu_{args.matrix}_h200.json"
+        print(predictions(MATRICES[args.matrix], measured if measured.exists() else None))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    seq_len = 128 if args.smoke else 2048
-    runs = MATRICES[args.matrix]
+    runs = [r for r in MATRICES[args.matrix] if not args.only or any(r.name.startswith(o) for o in args.only)]
     if args.smoke:
         runs = [run._replace(micro_batch=2) for run in runs]
-    write_dataset(args.work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=seq_len)
+    longest = 128 if args.smoke else max(run.seq_len for run in runs)
+    write_dataset(args.work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=longest)
 
     models = {}
     needed = {run.model for run in runs}
@@ -211,28 +281,53 @@ def main() -> int:
 
     import torch
 
+    visible = torch.cuda.device_count()
     environment = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                   "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                   "gpus_visible": torch.cuda.device_count()}
-    rows = []
-    for run in runs:
-        if run.gpus > max(1, environment["gpus_visible"]) and not args.smoke:
-            rows.append({"name": run.name, "skipped": f"needs {run.gpus} GPUs"})
-            continue
-        row = run_one(run, models, args.work, seq_len, args.steps, args.smoke)
-        rows.append(row)
+                   "gpu": torch.cuda.get_device_name(0) if visible else "cpu", "gpus_visible": visible,
+                   "cpus": os.cpu_count()}
+    rows: dict[str, dict] = {}
+
+    def record(row: dict) -> None:
+        rows[row["name"]] = row
         print(json.dumps({k: v for k, v in row.items() if k != "error"}), flush=True)
         if "error" in row:
             print(row["error"], flush=True)
+        ordered = [rows[r.name] for r in runs if r.name in rows]
         (args.out / f"gpu_{args.matrix}.json").write_text(
-            json.dumps({"matrix": args.matrix, "steps": args.steps, "environment": environment, "runs": rows},
+            json.dumps({"matrix": args.matrix, "steps": args.steps, "environment": environment, "runs": ordered},
                        indent=2))
 
-    print(f"\n{'run':40} {'tok/s/GPU':>10} {'MFU':>6} {'peak GiB':>9} {'step s':>7}")
+    # one-GPU runs in parallel, one per visible GPU (offloaded ones alone: they share the host)
+    free_gpus: queue.Queue[str] = queue.Queue()
+    for index in range(max(1, visible)):
+        free_gpus.put(str(index))
+
+    def on_free_gpu(run: Run) -> None:
+        device = free_gpus.get()
+        try:
+            record(run_one(run, models, args.work, args.steps, args.smoke, None if args.smoke else device))
+        finally:
+            free_gpus.put(device)
+
+    parallel = [r for r in runs if r.gpus == 1 and not r.cpu_offload]
+    with ThreadPoolExecutor(max_workers=1 if args.smoke else max(1, visible)) as pool:
+        list(pool.map(on_free_gpu, parallel))
+    for run in runs:
+        if run in parallel:
+            continue
+        if run.gpus > max(1, visible) and not args.smoke:
+            record({"name": run.name, "skipped": f"needs {run.gpus} GPUs"})
+            continue
+        devices = None if args.smoke else ",".join(str(i) for i in range(run.gpus))
+        record(run_one(run, models, args.work, args.steps, args.smoke, devices))
+    rows = [rows[r.name] for r in runs if r.name in rows]
+
+    print(f"\n{'run':44} {'tok/s/GPU':>10} {'MFU':>6} {'peak GiB':>9} {'step s':>7} {'comm':>6} {'exposed':>8}")
     for row in rows:
         if "tokens_per_second" in row:
-            print(f"{row['name']:40} {row['tokens_per_second_per_gpu']:>10,.0f} {row['mfu']:>6.1%} "
-                  f"{row['peak_memory_gib']:>9.1f} {row['step_seconds_median']:>7.3f}")
+            print(f"{row['name']:44} {row['tokens_per_second_per_gpu']:>10,.0f} {row['mfu']:>6.1%} "
+                  f"{row['peak_memory_gib']:>9.1f} {row['step_seconds_median']:>7.3f} "
+                  f"{row.get('comm_share', 0):>6.1%} {row.get('comm_share_exposed', 0):>8.1%}")
         else:
             status = row.get("skipped") or f"FAILED (exit {row.get('returncode')})"
             print(f"{row['name']:40} {status}")

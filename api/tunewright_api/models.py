@@ -11,6 +11,8 @@ from pydantic import Field as PydanticField
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, SQLModel
 
+from tunewright_api.telemetry import measured
+
 
 def now() -> datetime:
     return datetime.now(UTC)
@@ -105,6 +107,7 @@ class Job(SQLModel, table=True):
     loss: float | None = None
     tokens_per_second: float | None = None
     trained_tokens: int = 0
+    comm: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # the last measured window
     suffix: str | None = None
     job_metadata: dict[str, str] | None = Field(default=None, sa_column=Column("metadata", JSON))
     telemetry_token_hash: str = ""
@@ -123,6 +126,7 @@ class JobPublic(SQLModel):
     spec: dict[str, Any]
     plan: dict[str, Any] | None
     progress: dict[str, Any]
+    telemetry: dict[str, Any]
     result: dict[str, Any] | None
     error: dict[str, str] | None
 
@@ -131,9 +135,10 @@ class JobPublic(SQLModel):
         progress = {"step": job.step, "totalSteps": job.total_steps, "loss": job.loss,
                     "tokensPerSecond": job.tokens_per_second, "trainedTokens": job.trained_tokens}
         error = {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
+        telemetry = measured(job.plan, job.comm, job.tokens_per_second, job.started_at, job.finished_at, now())
         return cls(id=job.id, status=job.status, model=job.model, created_at=job.created_at,
                    started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=job.plan,
-                   progress=progress, result=job.result, error=error)
+                   progress=progress, telemetry=telemetry, result=job.result, error=error)
 
 
 class JobEvent(SQLModel, table=True):
@@ -174,4 +179,5 @@ class GpuPool(SQLModel, table=True):
     intra_node: str
     inter_node: str | None = None
     price_per_gpu_hour: float
+    host_memory_gib: float | None = None  # per node; None: the planner's default ratio to GPU memory
     created_at: datetime = Field(default_factory=now)

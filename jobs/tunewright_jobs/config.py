@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 class ConfigError(ValueError):
@@ -107,7 +108,12 @@ class StrategyConfig(_Strict):
     )
     activation_checkpointing: bool = False
     precision: Literal["auto", "bf16", "fp32"] = Field(
-        default="auto", description="Compute precision. auto: bf16 autocast on GPU, fp32 on CPU."
+        default="auto",
+        description="Compute precision (fp32 master weights and gradient reduction either way). auto: bf16 on GPU.",
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="Keep sharded parameters, gradients and optimizer state in host memory (optimizer steps on the CPU).",
     )
     hsdp_shard_size: PositiveInt | None = Field(
         default=None, description="HSDP: GPUs per sharding group (replicated across groups)."
@@ -126,6 +132,8 @@ class StrategyConfig(_Strict):
                 )
         elif self.hsdp_shard_size is not None:
             raise ValueError("hsdp_shard_size only applies to strategy hsdp")
+        if self.cpu_offload and not self.use_gpu:
+            raise ValueError("cpu_offload moves GPU state to the host: it needs use_gpu: true")
         return self
 
 
@@ -152,12 +160,22 @@ class EvalConfig(_Strict):
     max_new_tokens: PositiveInt = 16
 
 
+class ProfileConfig(_Strict):
+    """Communication-share measurement: a short profiler window, repeated (see commshare.py)."""
+
+    enabled: bool = True
+    first_step: NonNegativeInt = Field(default=2, description="First profiled step (0-based): past warm-up.")
+    steps: PositiveInt = Field(default=2, description="Steps per profiled window.")
+    every_steps: NonNegativeInt = Field(default=100, description="Window repeat period in steps; 0: once.")
+
+
 class MetricsConfig(_Strict):
     path: str | None = Field(default=None, description="JSONL file of per-step metrics; default: <output_dir>/metrics.jsonl.")
     endpoint: str | None = Field(
         default=None, description="Telemetry URL to post records to as well (token: TUNEWRIGHT_TELEMETRY_TOKEN)."
     )
     log_every_steps: PositiveInt = 1
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
 
 
 class JobConfig(_Strict):

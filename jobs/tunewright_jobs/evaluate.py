@@ -37,7 +37,7 @@ def token_loss_sum(model, batch: Rows, device: torch.device) -> tuple[torch.Tens
 
 
 @torch.no_grad()
-def validation_metrics(model, rows: Rows, dist: Dist, micro_batch_size: int, pad_id: int, autocast,
+def validation_metrics(model, rows: Rows, dist: Dist, micro_batch_size: int, pad_id: int,
                        max_batches: int | None = None) -> dict[str, float]:
     model.eval()
     rows = _pad_rows(rows, dist.world_size * micro_batch_size, pad_id)
@@ -48,8 +48,7 @@ def validation_metrics(model, rows: Rows, dist: Dist, micro_batch_size: int, pad
             break
         sl = slice(slot * micro_batch_size, (slot + 1) * micro_batch_size)
         batch = Rows(rows.input_ids[sl], rows.labels[sl], rows.position_ids[sl], rows.real_tokens[sl])
-        with autocast:
-            loss, predicted = token_loss_sum(model, batch, dist.device)
+        loss, predicted = token_loss_sum(model, batch, dist.device)
         labels = torch.as_tensor(batch.labels, device=dist.device)
         mask = labels != IGNORE_INDEX
         loss_sum += loss.item()
@@ -62,7 +61,7 @@ def validation_metrics(model, rows: Rows, dist: Dist, micro_batch_size: int, pad
 
 @torch.no_grad()
 def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, device: torch.device,
-                   autocast, batch_size: int = 16) -> list[str]:
+                   batch_size: int = 16) -> list[str]:
     """Greedy continuations, cut at the first special token (end of turn / end of text).
 
     No KV cache and a fixed number of forward passes per batch, so that sharded ranks stay in lockstep.
@@ -77,8 +76,7 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, de
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)
         for _ in range(max_new_tokens):
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            with autocast:
-                logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
             next_ids = logits[:, -1].argmax(-1, keepdim=True)
             ids = torch.cat([ids, next_ids], dim=1)
             mask = torch.cat([mask, torch.ones_like(next_ids)], dim=1)
@@ -88,15 +86,15 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, de
     return answers
 
 
-def exact_match(model, tokenizer, prompts: list[str], references: list[str], dist: Dist, max_new_tokens: int,
-                autocast) -> dict:
+def exact_match(model, tokenizer, prompts: list[str], references: list[str], dist: Dist,
+                max_new_tokens: int) -> dict:
     """Share of validation answers generated exactly (after stripping), and a few samples from rank 0."""
     model.eval()
     per_rank = math.ceil(len(prompts) / dist.world_size)
     mine = list(range(dist.rank * per_rank, min(len(prompts), (dist.rank + 1) * per_rank)))
     # Ranks with a short shard repeat a prompt (and do not score it) to keep the forward count equal.
     padded = mine + [0] * (per_rank - len(mine))
-    answers = greedy_answers(model, tokenizer, [prompts[i] for i in padded], max_new_tokens, dist.device, autocast)
+    answers = greedy_answers(model, tokenizer, [prompts[i] for i in padded], max_new_tokens, dist.device)
     correct = sum(answers[j] == references[i].strip() for j, i in enumerate(mine))
     correct, total = dist.all_reduce_sum([float(correct), float(len(mine))])
     model.train()

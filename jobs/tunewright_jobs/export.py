@@ -13,7 +13,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from tunewright_jobs.config import JobConfig
-from tunewright_jobs.parallel import Dist, unwrap
+from tunewright_jobs.parallel import Dist
 
 
 def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> dict[str, str]:
@@ -28,10 +28,9 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> dict[str, str]
     staging = final.with_name("final.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    module = unwrap(model)
     paths = {}
     if lora:
-        module.save_pretrained(staging / "adapter", state_dict=state)
+        model.save_pretrained(staging / "adapter", state_dict=state)
         tokenizer.save_pretrained(staging / "adapter")
         paths["adapter"] = "adapter"
         if cfg.checkpoint.export_merged:
@@ -39,7 +38,7 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> dict[str, str]
             tokenizer.save_pretrained(staging / "merged")
             paths["merged"] = "merged"
     else:
-        module.save_pretrained(staging / "model", state_dict=state)
+        model.save_pretrained(staging / "model", state_dict=state)
         tokenizer.save_pretrained(staging / "model")
         paths["model"] = "model"
     shutil.rmtree(final, ignore_errors=True)

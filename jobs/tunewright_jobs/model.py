@@ -23,23 +23,23 @@ def load_tokenizer(cfg: JobConfig):
     return tok
 
 
-def weights_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
+def weights_dtype(cfg: JobConfig) -> torch.dtype:
     """Frozen (LoRA base) weights: bf16 on GPU. Trained weights stay fp32 (mixed precision master copy)."""
     if cfg.method.type == "full":
         return torch.float32
     if cfg.model.dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if cfg.strategy.use_gpu else torch.float32
     return getattr(torch, cfg.model.dtype)
 
 
-def load_model(cfg: JobConfig, device: torch.device):
-    """The causal LM, LoRA-wrapped when asked, on `device` ("cpu" for sharded strategies: FSDP moves shards)."""
+def load_model(cfg: JobConfig):
+    """The causal LM, LoRA-wrapped when asked, on the CPU (sharding moves each rank's part to its device)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        cfg.model.resolved_source, dtype=weights_dtype(cfg, device), revision=cfg.model.revision,
+        cfg.model.resolved_source, dtype=weights_dtype(cfg), revision=cfg.model.revision,
         trust_remote_code=cfg.model.trust_remote_code, attn_implementation=cfg.model.attn_implementation,
-    ).to(device)
+    )
     model.config.use_cache = False
     if cfg.strategy.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -5,7 +5,6 @@ Works the same under Ray Train (which creates the process group), under torchrun
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -42,11 +41,19 @@ class Dist:
         torch_dist.all_reduce(t)
         return t.tolist()
 
+    def all_reduce_max(self, values: list[float]) -> list[float]:
+        if not self.distributed:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        return t.tolist()
+
 
 def init_dist(cfg: JobConfig, device: torch.device | None = None) -> Dist:
     """Join (or, under torchrun, create) the process group and pick this rank's device.
 
     Ray Train has already created the group and passes its device; torchrun sets RANK/WORLD_SIZE/LOCAL_RANK.
+    A single process gets a group of its own (a private file rendezvous): every strategy runs on FSDP2.
     """
     use_gpu = cfg.strategy.use_gpu
     if use_gpu and not torch.cuda.is_available():
@@ -55,13 +62,11 @@ def init_dist(cfg: JobConfig, device: torch.device | None = None) -> Dist:
     backend = "nccl" if use_gpu else "gloo"
     if world > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group(backend=backend)
-    elif is_sharded(cfg) and not torch_dist.is_initialized():
-        # FSDP needs a process group even alone (a device mesh of one): a private file rendezvous
+    elif not torch_dist.is_initialized():
         fd, store = tempfile.mkstemp(prefix="tunewright-pg-")
         os.close(fd)
         torch_dist.init_process_group(backend=backend, init_method=f"file://{store}", rank=0, world_size=1)
-    rank = torch_dist.get_rank() if torch_dist.is_initialized() else 0
-    world = torch_dist.get_world_size() if torch_dist.is_initialized() else 1
+    rank, world = torch_dist.get_rank(), torch_dist.get_world_size()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device is None:
         device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
@@ -79,57 +84,49 @@ def compute_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def is_sharded(cfg: JobConfig) -> bool:
-    return cfg.strategy.type in ("fsdp", "hsdp")
+def mesh_shape(cfg: JobConfig, world_size: int) -> tuple[int, ...]:
+    """The device mesh each strategy shards over: (shard,) or (replicate, shard).
+
+    DDP is FSDP2 with shards of one GPU (parameters replicated, gradients all-reduced), so that every
+    strategy shares one mixed-precision path: fp32 master weights, bf16 compute, fp32 reduction.
+    """
+    kind = cfg.strategy.type
+    if kind == "ddp":
+        return (world_size, 1)
+    if kind == "hsdp":
+        return (world_size // cfg.strategy.hsdp_shard_size, cfg.strategy.hsdp_shard_size)
+    return (world_size,)  # single (a world of one) and fsdp
 
 
 def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    kind = cfg.strategy.type
-    if kind == "single":
-        return model
-    if kind == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [dist.device.index] if dist.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
-    return _fully_shard(cfg, model, dist)
-
-
-def _fully_shard(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """Shard each transformer block, then the rest; in place (the module keeps its class)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     from tunewright_jobs.model import transformer_blocks
 
-    if cfg.strategy.type == "hsdp":
-        shard = cfg.strategy.hsdp_shard_size
-        mesh = init_device_mesh(dist.device.type, (dist.world_size // shard, shard),
-                                mesh_dim_names=("replicate", "shard"))
-    else:
-        mesh = init_device_mesh(dist.device.type, (dist.world_size,))
+    shape = mesh_shape(cfg, dist.world_size)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    mesh = init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
     dtype = compute_dtype(cfg, dist.device)
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    options = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
+               "offload_policy": CPUOffloadPolicy() if cfg.strategy.cpu_offload else OffloadPolicy()}
     for block in transformer_blocks(model):
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    return model.to(dist.device)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    if not cfg.strategy.cpu_offload:
+        return model.to(dist.device)
+    # Offloaded parameters stay on the host (FSDP2 copies each block in for compute); buffers such as
+    # rotary frequencies are not FSDP's and must be on the GPU.
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            module.register_buffer(name, buffer.to(dist.device), persistent=name not in module._non_persistent_buffers_set)
+    return model
 
 
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if hasattr(model, "no_sync") and hasattr(model, "module") else model
-
-
-def gradient_sync(model: torch.nn.Module, sync: bool):
-    """DDP skips the all-reduce on all but the last micro-batch; FSDP reduce-scatters every micro-batch
-    (holding unsharded gradients instead would cost the memory sharding saves)."""
-    if not sync and hasattr(model, "no_sync"):
-        return model.no_sync()
-    return contextlib.nullcontext()
-
-
-def autocast(cfg: JobConfig, device: torch.device):
-    """bf16 autocast for single/DDP; FSDP casts parameters itself through its MixedPrecisionPolicy."""
-    dtype = compute_dtype(cfg, device)
-    if dtype == torch.float32 or is_sharded(cfg):
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+def gradient_sync(model: torch.nn.Module, cfg: JobConfig, last_micro_batch: bool) -> None:
+    """Across replicas (DDP, HSDP), gradients are all-reduced once per optimizer step, on the last
+    micro-batch; within a shard group they are reduce-scattered every micro-batch (holding unsharded
+    gradients instead would cost the memory sharding saves)."""
+    if cfg.strategy.type in ("ddp", "hsdp"):
+        model.set_requires_all_reduce(last_micro_batch)

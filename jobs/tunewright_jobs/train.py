@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from tunewright_jobs import checkpoint as ckpt
 from tunewright_jobs.checkpoint import CheckpointStore
+from tunewright_jobs.commshare import CommProfiler
 from tunewright_jobs.config import JobConfig, total_steps, warmup_steps
 from tunewright_jobs.data import (
     IGNORE_INDEX,
@@ -36,7 +37,7 @@ from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts
-from tunewright_jobs.parallel import Dist, autocast, gradient_sync, is_sharded, wrap_model
+from tunewright_jobs.parallel import Dist, gradient_sync, wrap_model
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def build_optimizer(cfg: JobConfig, model: torch.nn.Module, device: torch.device
             (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
     groups = [{"params": decay, "weight_decay": cfg.hyperparameters.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    fused = device.type == "cuda"
+    # Offloaded parameters live on the host, where only the foreach implementation runs.
+    fused = device.type == "cuda" and not cfg.strategy.cpu_offload
     return torch.optim.AdamW(groups, lr=cfg.hyperparameters.learning_rate, betas=(0.9, 0.999),
                              fused=fused, foreach=not fused)
 
@@ -103,8 +105,7 @@ def to_device(batch: Rows, device: torch.device) -> dict[str, torch.Tensor]:
 # --- one optimizer step ------------------------------------------------------------------------------
 
 
-def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: Dist, timer: PhaseTimer,
-               amp) -> StepStats:
+def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: Dist, timer: PhaseTimer) -> StepStats:
     """Forward/backward over this rank's micro-batches, then clip and step.
 
     The loss is the mean over every labelled token of the global batch (all micro-batches, all ranks),
@@ -119,11 +120,11 @@ def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: D
     timer.start_step()
     loss_sum = torch.zeros((), device=dist.device)
     for i, mb in enumerate(mbs):
-        with gradient_sync(model, sync=i == len(mbs) - 1), amp:
-            logits = model(input_ids=mb["input_ids"], position_ids=mb["position_ids"], use_cache=False).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten(),
-                                   ignore_index=IGNORE_INDEX, reduction="sum")
-            (loss * scale).backward()
+        gradient_sync(model, cfg, last_micro_batch=i == len(mbs) - 1)
+        logits = model(input_ids=mb["input_ids"], position_ids=mb["position_ids"], use_cache=False).logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+        (loss * scale).backward()
         loss_sum += loss.detach()
     timer.mark("forward_backward")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -193,14 +194,13 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     # Same seed on every rank while new weights (LoRA adapters) are drawn: FSDP keeps each rank's own
     # shard of them, so they must agree. Afterwards each rank gets its own stream, for dropout.
     seed_everything(hp.seed)
-    model = load_model(cfg, torch.device("cpu") if is_sharded(cfg) else dist.device)
+    model = load_model(cfg)
     total_params, trainable_params = parameter_counts(model)
     model = wrap_model(cfg, model, dist)
     seed_everything(hp.seed + 1 + dist.rank)
     model.train()
     optimizer = build_optimizer(cfg, model, dist.device)
     scheduler = build_scheduler(cfg, optimizer, steps)
-    amp = autocast(cfg, dist.device)
 
     start_step = 0
     with runtime.checkpoints.latest() as path:
@@ -220,10 +220,10 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
 
     def evaluate(step: int, with_exact_match: bool) -> dict:
         result = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
-                                    tokenizer.pad_token_id, amp, cfg.eval.max_batches)
+                                    tokenizer.pad_token_id, cfg.eval.max_batches)
         if with_exact_match:
             prompts, refs = answer_pairs(cfg, tokenizer, val_records)
-            result.update(exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens, amp))
+            result.update(exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens))
         sink.emit({"event": "eval", "step": step, **result})
         return result
 
@@ -237,6 +237,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     eval_before = evaluate(0, cfg.eval.exact_match) if val_rows is not None and start_step == 0 else None
 
     timer = PhaseTimer(dist.device)
+    profiler = CommProfiler(cfg.metrics.profile, dist, steps)
     window: list[StepStats] = []
     window_start, data_seconds = time.perf_counter(), 0.0
     last_record: dict = {}
@@ -244,8 +245,11 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         t0 = time.perf_counter()
         epoch, batch = batches.step_rows(step)
         data_seconds += time.perf_counter() - t0
-        window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, timer, amp))
+        profiler.begin(step)
+        window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, timer))
         done = step + 1
+        if (shares := profiler.end(step)) is not None:
+            sink.emit({"event": "comm", "step": done, **shares})
 
         if done % cfg.metrics.log_every_steps == 0 or done == steps:
             last_record = summarize_window(window, timer.collect(), data_seconds,

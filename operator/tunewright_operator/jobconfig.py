@@ -29,6 +29,8 @@ def runtime_config(spec: FineTuneJobSpec, layout: Layout, use_gpu: bool, *, name
                 "activation_checkpointing": layout.activation_checkpointing}
     if layout.strategy == "hsdp":
         strategy["hsdp_shard_size"] = layout.shard_group
+    if layout.cpu_offload:
+        strategy["cpu_offload"] = True
     config = {
         "name": name,
         "output_dir": output_dir,

@@ -76,6 +76,11 @@ def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, ti
     events = alice.get(f"/v1/jobs/{job['id']}/events").json()["data"]
     assert events[0]["message"] == "succeeded" and events[-1]["message"].startswith("queued; plan: local pool")
     assert any(e["type"] == "metrics" for e in events)
+    # measured on the 2 gloo workers by the runtime's profiler window (steps 3-4), and reported on the job
+    telemetry = done["telemetry"]
+    assert 0 < telemetry["commShareExposed"] <= telemetry["commShare"] <= telemetry["commShareMaxRank"] <= 1
+    assert telemetry["commMeasuredAtStep"] == 4 and telemetry["mfu"] is None  # CPU: no peak FLOP/s to divide by
+    assert any(e["message"].startswith("step 4: communication") for e in events)
     steps = [c["step_number"] for c in alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["data"]]
     assert steps == [10, 5]
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409

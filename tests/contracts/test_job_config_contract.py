@@ -13,6 +13,7 @@ from tunewright_operator.spec import FineTuneJobSpec
     Layout("ddp", 8, 1, 2, 4, False),
     Layout("fsdp", 8, 1, 1, 8, True, shard_group=8),
     Layout("hsdp", 16, 2, 1, 4, True, shard_group=8),
+    Layout("hsdp", 32, 4, 4, 2, True, shard_group=8, cpu_offload=True),
 ])
 @pytest.mark.parametrize("method", ["lora", "full"])
 def test_emitted_config_parses_and_keeps_the_layout(layout, method):
@@ -30,6 +31,7 @@ def test_emitted_config_parses_and_keeps_the_layout(layout, method):
     assert (cfg.strategy.type, cfg.strategy.num_workers, plan.micro_batch_size, plan.grad_accum) == (
         layout.strategy, layout.gpus, layout.micro_batch, layout.grad_accum)
     assert cfg.strategy.hsdp_shard_size == (layout.shard_group if layout.strategy == "hsdp" else None)
+    assert cfg.strategy.cpu_offload == layout.cpu_offload
     assert cfg.method.type == method and cfg.method.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.hyperparameters.epochs == 3 and cfg.hyperparameters.seq_len == 4096
     assert cfg.checkpoint.storage == "s3://bucket/ckpt" and cfg.checkpoint.every_steps == 100

@@ -52,6 +52,8 @@ def test_defaults_and_round_trip():
          "strategy: num_workers (6) must be a multiple of hsdp_shard_size (4)"),
         (with_("strategy", {"type": "ddp", "num_workers": 2, "hsdp_shard_size": 2}),
          "strategy: hsdp_shard_size only applies to strategy hsdp"),
+        (with_("strategy", {"cpu_offload": True}), "strategy: cpu_offload moves GPU state to the host: it needs use_gpu"),
+        (with_("metrics", {"profile": {"steps": 0}}), "metrics.profile.steps: Input should be greater than 0"),
         (with_("strategy", {"type": "ddp", "num_workers": 3, "micro_batch_size": 2}) | {
             "hyperparameters": {"global_batch_size": 8}},
          "hyperparameters.global_batch_*: 8 sequences is not a multiple of micro_batch_size (2) x workers (3)"),

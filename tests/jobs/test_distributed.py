@@ -36,10 +36,21 @@ def assert_same_first_step(cfg, reference):
     assert got["tokens"] == want["tokens"]  # tokens counted over the global batch, not one rank
 
 
+def assert_measured_comm_share(cfg):
+    """The profiled window (steps 3-4 by default) saw collectives on every rank, some of them exposed."""
+    (record,) = metrics(cfg, "comm")
+    assert record["step"] == 4 and record["profiled_steps"] == 2
+    assert 0 < record["comm_share"] <= record["comm_share_max_rank"] <= 1
+    assert 0 < record["comm_share_exposed"] <= record["comm_share"]
+    assert record["comm_seconds_per_step"] < record["profiled_step_seconds"]
+
+
 @pytest.fixture(scope="module")
 def single_lora(tiny_models, tmp_path_factory):
     cfg = make_config(tiny_models["gpt2"], tmp_path_factory.mktemp("single-lora"), hyperparameters={"max_steps": 4})
     train_without_ray(cfg)
+    (alone,) = metrics(cfg, "comm")  # one process: nothing to communicate
+    assert alone["comm_share"] == alone["comm_share_exposed"] == 0
     return cfg
 
 
@@ -57,6 +68,7 @@ def test_ray_ddp_lora(tiny_models, tmp_path, single_lora):
     result = train_with_ray(cfg, max_failures=0)
     assert (result["strategy"], result["workers"]) == ("ddp", 2)
     assert_same_first_step(cfg, single_lora)
+    assert_measured_comm_share(cfg)
     checkpoints = sorted(p.name for p in (Path(cfg.checkpoint_storage) / cfg.name).glob("step_*"))
     assert checkpoints == ["step_00000004"]
     base = AutoModelForCausalLM.from_pretrained(tiny_models["gpt2"])
@@ -112,5 +124,6 @@ def test_torchrun_fsdp_lora(tiny_models, tmp_path, single_lora):
                       strategy={"type": "fsdp", "num_workers": 2, "micro_batch_size": 2})
     result = run_torchrun(cfg, tmp_path, 2)
     assert_same_first_step(cfg, single_lora)
+    assert_measured_comm_share(cfg)
     base = AutoModelForCausalLM.from_pretrained(tiny_models["gpt2"])
     PeftModel.from_pretrained(base, result["export"]["adapter"])

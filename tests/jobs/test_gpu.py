@@ -1,4 +1,5 @@
-"""The runtime on CUDA: bf16 LoRA and full fine-tuning on one GPU, DDP and FSDP over NCCL on two.
+"""The runtime on CUDA: bf16 LoRA and full fine-tuning on one GPU (with and without CPU offload), DDP,
+FSDP and HSDP over NCCL on two, with the measured communication share.
 
 CI has no GPU (these are skipped there); they run on the device machine: `pytest -m gpu`.
 """
@@ -43,14 +44,26 @@ def test_full_on_one_gpu(single_gpu_full):
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_cpu_offload_trains_like_the_gpu_resident_run(tiny_models, tmp_path, single_gpu_full):
+    reference, _ = single_gpu_full
+    cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
+                      hyperparameters={"max_steps": 20, "learning_rate": 2e-3}, strategy={"cpu_offload": True})
+    result = train_without_ray(cfg)
+    got, want = metrics(cfg), metrics(reference)
+    assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-2), (got[0], want[0])
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"], result
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp"])
 def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     reference, _ = single_gpu_full
+    shape = {"hsdp_shard_size": 1} if strategy == "hsdp" else {}
     cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
                       hyperparameters={"max_steps": 20, "learning_rate": 2e-3},
-                      strategy={"type": strategy, "num_workers": 2, "micro_batch_size": 2})
+                      # two micro-batches per rank: the all-reduce across replicas waits for the second
+                      strategy={"type": strategy, "num_workers": 2, "micro_batch_size": 1, **shape})
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m",
                            "tunewright_jobs.run", "--no-ray", "--config", str(write_config(tmp_path / "j.json", cfg))],
                           env={**os.environ, "PYTHONPATH": python_path()},
@@ -59,3 +72,5 @@ def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
     got, want = metrics(cfg), metrics(reference)
     assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-2)  # bf16 compute
     assert got[-1]["loss"] < 0.5 * got[0]["loss"]
+    (comm,) = metrics(cfg, "comm")  # NCCL kernels seen by the profiler on both ranks
+    assert 0 < comm["comm_share_exposed"] <= comm["comm_share"] < 1

@@ -77,8 +77,7 @@ def test_exported_adapter_reloads_and_reproduces_outputs(tiny_models, tmp_path):
     reloaded = PeftModel.from_pretrained(base, result["export"]["adapter"]).eval()
     data = preflight(cfg)
     dist = Dist(0, 1, 0, torch.device("cpu"))
-    again = validation_metrics(reloaded, data.val_rows, dist, 4, tokenizer.pad_token_id,
-                               torch.autocast("cpu", enabled=False), max_batches=4)
+    again = validation_metrics(reloaded, data.val_rows, dist, 4, tokenizer.pad_token_id, max_batches=4)
     assert again["val_loss"] == pytest.approx(result["eval_after"]["val_loss"], rel=1e-5)
     assert again["val_token_accuracy"] == pytest.approx(result["eval_after"]["val_token_accuracy"])
 

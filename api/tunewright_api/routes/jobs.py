@@ -57,8 +57,9 @@ def planned_layout(spec: FineTuneJobSpec, settings, train: StoredFile) -> tuple[
     if gpu_type not in GPUS:
         raise ApiError(422, f"cannot plan for local GPUs of type {gpu_type!r}: set TUNEWRIGHT_LOCAL_GPU_TYPE to one "
                             f"of {', '.join(GPUS)}", "resources", "unknown_gpu")
+    host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     pool = Pool("local", calibration.for_gpu(gpu_type), settings.local_gpus, 1, LINKS[settings.local_gpu_link], None,
-                settings.local_price_per_gpu_hour)
+                settings.local_price_per_gpu_hour, host_gib)
     cal, _ = calibration.load()
     # without maxSteps, steps follow from the data: ~4 bytes of JSONL per token is the estimate until the run counts
     try:
@@ -68,6 +69,7 @@ def planned_layout(spec: FineTuneJobSpec, settings, train: StoredFile) -> tuple[
     layout = layout_of(chosen)
     return layout, {"strategy": chosen.strategy, "workers": chosen.gpus, "useGPU": True,
                     "microBatch": chosen.micro_batch, "gradAccum": chosen.grad_accum,
+                    "cpuOffload": chosen.cpu_offload,
                     "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}",
                     "predicted": chosen.predicted.model_dump(), "rejected": [r.model_dump() for r in chosen.rejected]}
 
@@ -246,6 +248,11 @@ def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
             add_event(session, job, f"step {record['step']}: training loss={record.get('loss', float('nan')):.4f}",
                       type_="metrics", data={"step": record["step"], "train_loss": record.get("loss"),
                                              "total_steps": job.total_steps})
+        elif event == "comm":
+            job.comm = {k: v for k, v in record.items() if k not in ("event", "time")}
+            add_event(session, job, f"step {record['step']}: communication {record.get('comm_share', 0):.1%} of the "
+                                    f"step ({record.get('comm_share_exposed', 0):.1%} exposed)",
+                      type_="metrics", data=job.comm)
         elif event == "eval":
             data = {k: v for k, v in record.items() if k not in ("event", "time", "samples")}
             add_event(session, job, f"evaluation at step {record.get('step')}", type_="metrics", data=data)

@@ -40,11 +40,14 @@ class PoolCreate(_Camel):
     intra_node: Literal[tuple(LINKS)]  # type: ignore[valid-type]
     inter_node: Literal[tuple(LINKS)] | None = None  # type: ignore[valid-type]
     price_per_gpu_hour: float = Field(ge=0, alias="pricePerGPUHour")
+    host_memory_gib: float | None = Field(default=None, gt=0, alias="hostMemoryGiB",
+                                          description="Host memory per node (CPU offload); default 2x its GPU memory")
 
 
 def pool_public(p: GpuPool) -> dict:
     return {"object": "pool", "name": p.name, "gpu": p.gpu, "gpusPerNode": p.gpus_per_node, "maxNodes": p.max_nodes,
-            "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour}
+            "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour,
+            "hostMemoryGiB": p.host_memory_gib}
 
 
 def gpus_found() -> list[str]:
@@ -118,7 +121,7 @@ def make_plan(body: PlanRequest, session: SessionDep, _: CurrentTenant) -> PlanR
         raise ApiError(422, f"no GPU pool {body.pool}{hint}", "pool", "unknown_pool")
     pool = Pool(described.name, calibration.for_gpu(described.gpu), described.gpus_per_node, described.max_nodes,
                 LINKS[described.intra_node], LINKS[described.inter_node] if described.inter_node else None,
-                described.price_per_gpu_hour)
+                described.price_per_gpu_hour, described.host_memory_gib)
     profile = profile_for(body.spec.model.source)
     cal, _ = calibration.load()
     try:

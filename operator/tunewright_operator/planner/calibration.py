@@ -11,6 +11,7 @@ the costly error (a plan that does not fit is an OOM): tests/operator holds it t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -25,10 +26,10 @@ from tunewright_operator.planner.estimate import (
     Layout,
     Workload,
     estimate,
+    gpu_state_bytes,
+    lora_modules,
     matmul_flops,
-    precision_path,
     recompute_factor,
-    state_bytes,
 )
 from tunewright_operator.planner.hardware import GPU, GPUS, LINKS, Pool
 from tunewright_operator.planner.models import ModelProfile
@@ -42,8 +43,12 @@ MEASURED_MODELS = {
     "llama-1b": ModelProfile("llama-1b", 16, 2048, 32, 8, 8192, 128256, True),
     "llama-3b": ModelProfile("llama-3b", 28, 3072, 24, 8, 8192, 128256, True),
     "qwen-0.5b": ModelProfile("qwen-0.5b", 24, 896, 14, 2, 4864, 151936, True),
+    "llama-8b": ModelProfile("llama-8b", 32, 4096, 32, 8, 14336, 128256, False),
 }
-FIT_MODELS = {"gpt2-124m", "llama-1b"}  # the smallest; llama-3b is held out
+FIT_MODELS = {"gpt2-124m", "llama-1b"}  # the smallest; the others are held out
+# An 8192^3 bf16 GEMM on random data ran at 788 TFLOP/s on these H200s (device KINDS.md), 0.797 of the
+# datasheet's 989: the matmul efficiency a fit may not exceed.
+GEMM_CEILING = 788e12 / 989e12
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,8 @@ class Measurement:
     optimizer_seconds: float
     peak_memory_bytes: float
     tokens_per_second: float
+    comm_share: float | None = None  # measured by the runtime's profiler window (commshare.py)
+    comm_share_exposed: float | None = None
 
     @property
     def in_fit_set(self) -> bool:
@@ -74,82 +81,106 @@ def load_measurements(paths: list[Path]) -> list[Measurement]:
             gpus = row["gpus"]
             workload = Workload(model, row["method"], row["seq_len"], row["micro_batch"] * gpus, steps=1)
             layout = Layout(row["strategy"], gpus, 1, row["micro_batch"], 1, row.get("activation_checkpointing", False),
-                            shard_group=gpus if row["strategy"] == "fsdp" else 1)
+                            shard_group={"fsdp": gpus, "hsdp": row.get("hsdp_shard", 0)}.get(row["strategy"], 1),
+                            cpu_offload=row.get("cpu_offload", False))
             out.append(Measurement(row["name"], workload, layout, row["step_seconds_median"],
                                    row["forward_backward_seconds_median"], row["optimizer_seconds_median"],
-                                   row["peak_memory_gib"] * GIB, row["tokens_per_second"]))
+                                   row["peak_memory_gib"] * GIB, row["tokens_per_second"],
+                                   row.get("comm_share"), row.get("comm_share_exposed")))
     return out
 
 
 def _weighted_solve(rows: list[list[float]], targets: list[float], weights: list[float]) -> np.ndarray:
-    a, y, wt = np.array(rows), np.array(targets), np.array(weights)
-    solution, *_ = np.linalg.lstsq(a * wt[:, None], y * wt, rcond=None)
-    if (solution < 0).any():
-        raise ValueError(f"calibration fit gave a negative constant {solution.tolist()}: the model does not "
-                         "describe these measurements")
-    return solution
+    """Weighted least squares with every constant >= 0 (they are bytes and seconds): the best of the
+    solves over subsets of the columns whose solution is non-negative (exact for the few columns here).
+    A constant the measurements do not support comes out 0."""
+    a, y, wt = np.array(rows) * np.array(weights)[:, None], np.array(targets), np.array(weights)
+    y = y * wt
+    best, best_residual = None, np.inf
+    for subset in itertools.chain.from_iterable(
+            itertools.combinations(range(a.shape[1]), k) for k in range(a.shape[1], 0, -1)):
+        columns = list(subset)
+        solution, *_ = np.linalg.lstsq(a[:, columns], y, rcond=None)
+        if (solution < 0).any():
+            continue
+        residual = float(np.sum((a[:, columns] @ solution - y) ** 2))
+        if residual < best_residual - 1e-15:
+            best, best_residual = np.zeros(a.shape[1]), residual
+            best[columns] = solution
+    if best is None:
+        raise ValueError("calibration fit: no non-negative constants describe these measurements")
+    return best
 
 
 def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
-    fit_set = [m for m in measurements if m.in_fit_set]
-    keys = sorted({f"{precision_path(m.layout)}/{m.workload.model.family}" for m in fit_set})
+    fit_set = [m for m in measurements if m.in_fit_set and not m.layout.cpu_offload]
     families = sorted({m.workload.model.family for m in fit_set})
-    base = Calibration({k: 0.0 for k in keys}, 0.0, {f: 0.0 for f in families}, 0.0, 0.0, 0.0, 0.0)
+    base = Calibration({f: 0.0 for f in families}, 0.0, {f: 0.0 for f in families}, 0.0, 0.0, 0.0)
 
-    # Optimizer: fused AdamW's bytes over HBM bandwidth gives the achieved memory efficiency.
+    # Optimizer: fused AdamW's bytes over HBM bandwidth gives the achieved memory efficiency; offloaded
+    # runs' host AdamW gives seconds per parameter.
     full = [m for m in fit_set if m.workload.method == "full"]
     bytes_per_s = statistics.median(28 * m.workload.trainable_params / m.layout.shard_group / m.optimizer_seconds
                                     for m in full)
     gpu = gpu.calibrated(memory_efficiency=bytes_per_s / gpu.hbm_bytes_per_s)
     bandwidth = gpu.hbm_bytes_per_s * gpu.memory_efficiency
+    offloaded = [m for m in measurements if m.in_fit_set and m.layout.cpu_offload and m.workload.method == "full"]
+    cpu_adam = (statistics.median(m.optimizer_seconds * m.layout.shard_group / m.workload.trainable_params
+                                  for m in offloaded) if offloaded else base.cpu_adam_seconds_per_param)
 
-    # Memory: measured peak - states = activations (per-path rate) + logits (shared rate).
+    # Memory: measured peak - states = activations (per-family rate) + logits (shared rate).
     rows, targets = [], []
     for m in fit_set:
         w, lay, p = m.workload, m.layout, m.workload.model
         tokens = lay.micro_batch * w.seq_len
         layers = 1 if lay.activation_checkpointing else p.layers
-        known = sum(state_bytes(w, lay).values()) + tokens * layers * (base.act_bytes_per_ffn * p.ffn if p.gated_mlp else 0)
+        known = sum(gpu_state_bytes(w, lay).values()) + tokens * layers * (
+            base.act_bytes_per_ffn * p.ffn if p.gated_mlp else 0)
         if lay.activation_checkpointing:
             known += tokens * p.layers * BF16 * p.hidden
-        rows.append([tokens * layers * p.hidden * (base.key(lay, p) == k) for k in keys] + [tokens * p.vocab])
+        rows.append([tokens * layers * p.hidden * (p.family == f) for f in families] + [tokens * p.vocab])
         targets.append(m.peak_memory_bytes - known)
     memory = _weighted_solve(rows, targets, [1 / m.peak_memory_bytes for m in fit_set])
 
-    # Time of forward+backward: matmul FLOPs / efficiency + traffic / bandwidth + fixed per-layer costs.
-    # Two stages: the matmul efficiency first, with traffic by family only (the autocast term is nearly
-    # collinear with the FLOPs term on so few runs), then the rest with that efficiency held.
-    def time_rows(with_autocast: bool) -> list[list[float]]:
-        rows = []
-        for m in fit_set:
-            w, lay, p = m.workload, m.layout, m.workload.model
-            tokens, again = lay.micro_batch * w.seq_len, recompute_factor(lay)
-            lora = w.method == "lora"
-            modules = p.layers * p.linear_modules_per_layer
-            traffic = tokens * p.layers * p.hidden * again / bandwidth
-            rows.append([matmul_flops(w, lay) / gpu.bf16_flops] + [traffic * (p.family == f) for f in families]
-                        + ([traffic * (precision_path(lay) == "autocast")] if with_autocast else [])
-                        + [lora * tokens * modules * p.hidden * again / bandwidth, p.layers * again,
-                           lora * modules * again])
-        return rows
+    # LoRA with checkpointing is host-bound (calibration.Calibration): its runs give the host time per
+    # adapted module, and stay out of the GPU-time fit below.
+    host_bound = [m for m in fit_set if m.workload.method == "lora" and m.layout.activation_checkpointing]
+    host_per_module = statistics.median(m.forward_backward_seconds / lora_modules(m.workload) for m in host_bound) \
+        if host_bound else 0.0
+    gpu_bound = [m for m in fit_set if m not in host_bound]
 
+    # Time of forward+backward: matmul FLOPs / efficiency + traffic / bandwidth + fixed per-layer costs.
+    rows = []
+    for m in gpu_bound:
+        w, lay, p = m.workload, m.layout, m.workload.model
+        tokens, again = lay.micro_batch * w.seq_len, recompute_factor(lay)
+        lora = w.method == "lora"
+        modules = p.layers * p.linear_modules_per_layer
+        traffic = tokens * p.layers * p.hidden * again / bandwidth
+        rows.append([matmul_flops(w, lay) / gpu.bf16_flops] + [traffic * (p.family == f) for f in families]
+                    + [lora * tokens * modules * p.hidden * again / bandwidth, p.layers * again,
+                       lora * modules * again])
     targets = [m.forward_backward_seconds - m.layout.micro_batch * m.workload.seq_len * m.workload.model.vocab
-               * base.traffic_bytes_per_vocab / bandwidth for m in fit_set]
-    weights = [1 / m.forward_backward_seconds for m in fit_set]
-    inverse_efficiency = _weighted_solve(time_rows(False), targets, weights)[0]
-    rest = [row[1:] for row in time_rows(True)]
-    time = np.concatenate([[inverse_efficiency], _weighted_solve(
-        rest, [t - row[0] * inverse_efficiency for t, row in zip(targets, time_rows(True), strict=True)], weights)])
-    n, nf = len(keys), len(families)
+               * base.traffic_bytes_per_vocab / bandwidth for m in gpu_bound]
+    weights = [1 / m.forward_backward_seconds for m in gpu_bound]
+    time = _weighted_solve(rows, targets, weights)
+    if time[0] < 1 / GEMM_CEILING:
+        # FLOPs and traffic both grow with tokens x layers x hidden, so the fit can trade one for the other;
+        # no training matmul beats a large square GEMM: hold the efficiency at that ceiling and refit the rest
+        rest = _weighted_solve([r[1:] for r in rows], [t - r[0] / GEMM_CEILING for t, r in zip(targets, rows, strict=True)],
+                               weights)
+        time = np.concatenate([[1 / GEMM_CEILING], rest])
+    nf = len(families)
     gpu = gpu.calibrated(matmul_efficiency=1 / time[0])
     calibration = Calibration(
-        act_bytes_per_hidden=dict(zip(keys, memory[:n].tolist(), strict=True)),
-        logits_bytes_per_vocab=float(memory[n]),
+        act_bytes_per_hidden=dict(zip(families, memory[:nf].tolist(), strict=True)),
+        logits_bytes_per_vocab=float(memory[nf]),
         traffic_bytes_per_hidden=dict(zip(families, time[1:nf + 1].tolist(), strict=True)),
-        autocast_traffic_bytes_per_hidden=float(time[nf + 1]),
-        lora_traffic_bytes_per_hidden=float(time[nf + 2]),
-        seconds_per_layer=float(time[nf + 3]),
-        seconds_per_lora_module=float(time[nf + 4]),
+        lora_traffic_bytes_per_hidden=float(time[nf + 1]),
+        seconds_per_layer=float(time[nf + 2]),
+        seconds_per_lora_module=float(time[nf + 3]),
+        cpu_adam_seconds_per_param=float(cpu_adam),
+        host_seconds_per_lora_module_recompute=float(host_per_module),
     )
     return calibration, gpu
 
@@ -167,7 +198,9 @@ def compare(measurements: list[Measurement], calibration: Calibration, gpu: GPU)
                      "step_measured": m.step_seconds, "step_predicted": e.step_seconds,
                      "step_error": e.step_seconds / m.step_seconds - 1,
                      "memory_measured_gib": m.peak_memory_bytes / GIB, "memory_predicted_gib": e.peak_memory_bytes / GIB,
-                     "memory_error": e.peak_memory_bytes / m.peak_memory_bytes - 1})
+                     "memory_error": e.peak_memory_bytes / m.peak_memory_bytes - 1,
+                     "gpus": m.layout.gpus, "comm_measured": m.comm_share, "comm_exposed_measured": m.comm_share_exposed,
+                     "comm_predicted": e.comm_share, "comm_exposed_predicted": e.exposed_comm_share})
     return rows
 
 
@@ -192,13 +225,20 @@ def load(path: Path = DEFAULT_FILE) -> tuple[Calibration, GPU]:
     return Calibration(**data["calibration"]), GPU(**data["gpu"])
 
 
+def _share(measured: float | None, predicted: float) -> str:
+    return f"{measured:.1%} / {predicted:.1%}" if measured is not None else f"- / {predicted:.1%}"
+
+
 def markdown(rows: list[dict], stats: dict) -> str:
-    lines = ["| run | fit set | step s measured | predicted | error | peak GiB measured | predicted | error |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | fit set | step s measured | predicted | error | peak GiB measured | predicted | error "
+             "| comm share measured / predicted | exposed measured / predicted |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        comm = (f"{_share(r['comm_measured'], r['comm_predicted'])} | "
+                f"{_share(r['comm_exposed_measured'], r['comm_exposed_predicted'])}") if r["gpus"] > 1 else "| "
         lines.append(f"| {r['name']} | {'yes' if r['fit_set'] else 'no'} | {r['step_measured']:.3f} | "
                      f"{r['step_predicted']:.3f} | {r['step_error']:+.1%} | {r['memory_measured_gib']:.1f} | "
-                     f"{r['memory_predicted_gib']:.1f} | {r['memory_error']:+.1%} |")
+                     f"{r['memory_predicted_gib']:.1f} | {r['memory_error']:+.1%} | {comm} |")
     lines.append("")
     lines += [f"- {k.replace('_', ' ')}: {v:+.1%}" if "under" in k else f"- {k.replace('_', ' ')}: {v:.1%}"
               for k, v in stats.items()]

@@ -16,12 +16,13 @@ from tunewright_operator.planner.models import ModelProfile
 
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
 BF16, FP32 = 2, 4
+NF4 = 0.52  # QLoRA's 4-bit base with double-quantized block constants (QLoRA paper), per block weight
 
 
 @dataclass(frozen=True)
 class Workload:
     model: ModelProfile
-    method: str  # lora | full
+    method: str  # lora | qlora | full
     seq_len: int
     global_batch: int  # sequences per optimizer step
     steps: int
@@ -30,6 +31,10 @@ class Workload:
     @property
     def trainable_params(self) -> int:
         return self.model.params if self.method == "full" else self.model.lora_params(self.lora_rank)
+
+    @property
+    def adapters(self) -> bool:
+        return self.method in ("lora", "qlora")
 
     @property
     def tokens_per_step(self) -> int:
@@ -44,51 +49,50 @@ class Layout:
     micro_batch: int
     grad_accum: int
     activation_checkpointing: bool
-    shard_group: int = 1  # GPUs one copy of the states is sharded over (fsdp: all; hsdp: one node)
+    shard_group: int = 1  # GPUs one copy of the states is sharded over (single, ddp: 1; fsdp: all; hsdp: a group)
+    cpu_offload: bool = False  # sharded states in host memory, optimizer step on the CPU
 
     @property
-    def sharded(self) -> bool:
-        return self.strategy in ("fsdp", "hsdp")
-
-
-def precision_path(layout: Layout) -> str:
-    """How the runtime computes in bf16: FSDP's MixedPrecisionPolicy (bf16 parameters) or autocast."""
-    return "mp" if layout.sharded else "autocast"
+    def replicas(self) -> int:
+        return self.gpus // self.shard_group
 
 
 @dataclass(frozen=True)
 class Calibration:
     """Constants that kernels decide, fitted on measured runs of the smallest models (calibration.py).
 
-    Activation rates are keyed `<precision path>/<family>` (`autocast/llama`, `mp/gpt2`, ...): what is
-    kept for backward depends on both. Traffic rates are keyed by family alone (fewer runs pin them down).
+    Every strategy runs the same mixed-precision path (FSDP2: fp32 master, bf16 compute), so the rates
+    depend on the model family alone.
     """
 
     act_bytes_per_hidden: dict[str, float]  # kept for backward, per token per layer per unit of hidden size
     logits_bytes_per_vocab: float  # logits, their fp32 copy and gradient, per token per vocabulary entry
-    traffic_bytes_per_hidden: dict[str, float]  # memory-bound traffic per token per layer per unit of hidden, by family
-    autocast_traffic_bytes_per_hidden: float  # what autocast adds (casts of weights and activations each use)
+    traffic_bytes_per_hidden: dict[str, float]  # memory-bound traffic per token per layer per unit of hidden
     lora_traffic_bytes_per_hidden: float  # per adapted module per token
     seconds_per_layer: float  # per micro-batch: launches and latency-bound kernels of one block
     seconds_per_lora_module: float  # per micro-batch, per adapted module
+    cpu_adam_seconds_per_param: float = 4e-9  # host AdamW step per offloaded trainable parameter, whole host
+    # LoRA with activation checkpointing is bound by the host: per micro-batch, each adapted module costs this
+    # much CPU time (measured; the GPU idles when its own work is shorter)
+    host_seconds_per_lora_module_recompute: float = 0.0
     act_bytes_per_ffn: float = 8.0  # gated MLP: gate, up, activation and product kept in bf16
     traffic_bytes_per_vocab: float = 26.0  # bf16 logits, fp32 copy, log-softmax and its gradient
     comm_interference: float = 0.3  # overlapped collectives still slow compute (SMs and HBM they share)
-
-    def key(self, layout: Layout, model: ModelProfile) -> str:
-        return f"{precision_path(layout)}/{model.family}"
 
 
 @dataclass(frozen=True)
 class Estimate:
     peak_memory_bytes: float
     memory_breakdown: dict[str, float]
+    host_memory_bytes: float  # per rank, offloaded states (pinned)
     step_seconds: float
     matmul_seconds: float
     memory_bound_seconds: float
     optimizer_seconds: float
     comm_seconds: float  # all collective time in a step (total)
     exposed_comm_seconds: float  # the part that no compute hides
+    offload_seconds: float = 0.0  # host <-> GPU copies of offloaded states
+    exposed_offload_seconds: float = 0.0
 
     @property
     def comm_share(self) -> float:
@@ -102,33 +106,44 @@ class Estimate:
 # --- memory ------------------------------------------------------------------------------------------
 
 
-def state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
-    """Weights and optimizer states per GPU, as the runtime holds them at the peak.
+def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
+    """Weights and optimizer states one rank keeps between steps (on the GPU, or the host when offloaded).
 
     Gradients are not counted apart: they are freed after each step and grow during backward as the
-    activations they replace are freed, so the activation term (fitted on measured peaks) covers them.
+    activations they replace are freed, so the activation term (fitted on measured peaks) covers them;
+    only gradients accumulated across micro-batches stay alive through a forward.
     """
-    psi, trainable = w.model.params, w.trainable_params
-    shard = layout.shard_group if layout.sharded else 1
-    out: dict[str, float] = {}
+    psi, trainable, shard = w.model.params, w.trainable_params, layout.shard_group
     if w.method == "full":
-        out["weights (fp32 master)"] = FP32 * psi / shard
-        out["optimizer (AdamW m, v)"] = 2 * FP32 * psi / shard
-        if layout.sharded:
-            # the blocks being computed are unsharded in bf16 (current and prefetched) with fp32 gradients
-            block = w.model.layer_linear_params
-            out["unsharded blocks"] = 2 * BF16 * block + FP32 * block
-        else:
-            out["bf16 weight copies (autocast)"] = BF16 * psi
-            if layout.strategy == "ddp":
-                out["DDP gradient buckets"] = FP32 * psi
+        out = {"weights (fp32 master)": FP32 * psi / shard, "optimizer (AdamW m, v)": 2 * FP32 * psi / shard}
+    elif w.method == "qlora":  # decoder blocks in NF4; embeddings, head and norms stay bf16
+        blocks = w.model.layers * w.model.layer_linear_params
+        out = {"frozen base (NF4 blocks, bf16 rest)": (NF4 * blocks + BF16 * (psi - blocks)) / shard,
+               "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
     else:
-        out["frozen base (bf16)"] = BF16 * psi / shard
-        out["adapters, grads, AdamW"] = 4 * FP32 * trainable / shard
-        if layout.strategy == "ddp":
-            out["DDP gradient buckets"] = FP32 * trainable
-        if layout.sharded:
-            out["unsharded blocks"] = 2 * BF16 * w.model.layer_linear_params
+        out = {"frozen base (bf16)": BF16 * psi / shard, "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
+    if layout.grad_accum > 1:
+        out["accumulated gradients (fp32)"] = FP32 * trainable / shard
+    return out
+
+
+def host_state_bytes(w: Workload, layout: Layout) -> float:
+    """Offloaded states per rank: the sharded states, and the gradients, which land on the host for the
+    optimizer step whether or not micro-batches accumulate them."""
+    if not layout.cpu_offload:
+        return 0.0
+    states = sharded_states(w, layout)
+    if "accumulated gradients (fp32)" not in states:
+        states["gradients (fp32)"] = FP32 * w.trainable_params / layout.shard_group
+    return sum(states.values())
+
+
+def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
+    """States on the GPU at the peak: the sharded ones (unless offloaded), and the blocks being computed,
+    gathered in bf16 (current and prefetched; with shards of one GPU too, FSDP2 computes on a bf16 copy)."""
+    out = {} if layout.cpu_offload else sharded_states(w, layout)
+    block = w.model.layer_linear_params
+    out["unsharded blocks"] = 2 * BF16 * block + (FP32 * block if w.method == "full" else 0)
     return out
 
 
@@ -136,7 +151,7 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
     m = w.model
     tokens = layout.micro_batch * w.seq_len
     ffn = cal.act_bytes_per_ffn * m.ffn if m.gated_mlp else 0.0  # GPT-2's MLP is folded into its per-hidden rate
-    per_layer = tokens * (cal.act_bytes_per_hidden[cal.key(layout, m)] * m.hidden + ffn)
+    per_layer = tokens * (cal.act_bytes_per_hidden[m.family] * m.hidden + ffn)
     if layout.activation_checkpointing:
         # layer inputs kept (bf16), and one layer's activations alive while it is recomputed
         layers = tokens * m.layers * BF16 * m.hidden + per_layer
@@ -168,20 +183,28 @@ def recompute_factor(layout: Layout) -> float:
 def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     m = w.model
     tokens = layout.micro_batch * w.seq_len
-    rate = cal.traffic_bytes_per_hidden[m.family]
-    if precision_path(layout) == "autocast":
-        rate += cal.autocast_traffic_bytes_per_hidden
-    layers = tokens * m.layers * rate * m.hidden
+    layers = tokens * m.layers * cal.traffic_bytes_per_hidden[m.family] * m.hidden
     lora = 0.0
-    if w.method == "lora":
+    if w.adapters:
         lora = tokens * m.layers * m.linear_modules_per_layer * cal.lora_traffic_bytes_per_hidden * m.hidden
     return (layers + lora) * recompute_factor(layout) + tokens * m.vocab * cal.traffic_bytes_per_vocab
 
 
+def lora_modules(w: Workload) -> int:
+    return w.model.layers * w.model.linear_modules_per_layer if w.adapters else 0
+
+
 def fixed_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
     """Per micro-batch time that does not grow with tokens: kernel launches and latency-bound kernels."""
-    modules = w.model.layers * w.model.linear_modules_per_layer if w.method == "lora" else 0
-    return (w.model.layers * cal.seconds_per_layer + modules * cal.seconds_per_lora_module) * recompute_factor(layout)
+    return (w.model.layers * cal.seconds_per_layer + lora_modules(w) * cal.seconds_per_lora_module) \
+        * recompute_factor(layout)
+
+
+def host_floor_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
+    """Per micro-batch host time that the GPU cannot run ahead of (see Calibration)."""
+    if not layout.activation_checkpointing:
+        return 0.0
+    return lora_modules(w) * cal.host_seconds_per_lora_module_recompute
 
 
 def collective_seconds(nbytes: float, ranks: int, factor: float, link) -> float:
@@ -191,46 +214,68 @@ def collective_seconds(nbytes: float, ranks: int, factor: float, link) -> float:
     return link.latency_s * 2 * (ranks - 1) + factor * nbytes / link.bus_bytes_per_s
 
 
-def comm_per_step(w: Workload, layout: Layout, pool: Pool) -> tuple[float, str]:
-    """Seconds of collectives per optimizer step, and which link bounds them."""
-    n = layout.gpus
-    spans_nodes = layout.nodes > 1
+@dataclass(frozen=True)
+class Collectives:
+    shard_seconds: float  # all-gathers and reduce-scatters in the shard group, every micro-batch
+    replica_seconds: float  # the all-reduce across replicas, once per step (last micro-batch's backward)
+    link: str  # the slowest link they cross
+
+
+def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
+    """Seconds of collectives per optimizer step, as the runtime issues them (every strategy is FSDP2)."""
     inter = pool.inter_node or pool.intra_node
-    world_link = inter if spans_nodes and inter.bus_bytes_per_s < pool.intra_node.bus_bytes_per_s else pool.intra_node
-    trainable = w.trainable_params
-    if layout.strategy == "ddp":  # one all-reduce of fp32 gradients per step
-        return collective_seconds(FP32 * trainable, n, 2 * (n - 1) / n, world_link), world_link.name
-    if not layout.sharded:
-        return 0.0, ""
-    g = layout.shard_group
+    spans_nodes = layout.nodes > 1 and inter.bus_bytes_per_s < pool.intra_node.bus_bytes_per_s
+    world_link = inter if spans_nodes else pool.intra_node
+    g, replicas = layout.shard_group, layout.replicas
     shard_link = pool.intra_node if g <= pool.gpus_per_node else world_link
-    # every weight is gathered in bf16, frozen ones too, in forward and again in backward
+    trainable = w.trainable_params
+    # every weight is gathered in bf16, frozen ones too, in forward and again in backward; fp32 gradients
+    # are reduce-scattered
     per_micro = (2 * collective_seconds(BF16 * w.model.params, g, (g - 1) / g, shard_link)
-                 + collective_seconds(FP32 * trainable, g, (g - 1) / g, shard_link))  # reduce-scatter
-    if layout.strategy == "hsdp":
-        replicas = n // g
-        per_micro += collective_seconds(FP32 * trainable / g, replicas, 2 * (replicas - 1) / replicas, world_link)
-        link = world_link if replicas > 1 else shard_link
-    else:
-        link = shard_link
-    return per_micro * layout.grad_accum, link.name
+                 + collective_seconds(FP32 * trainable, g, (g - 1) / g, shard_link))
+    replica = collective_seconds(FP32 * trainable / g, replicas, 2 * (replicas - 1) / replicas, world_link)
+    link = world_link if replicas > 1 else shard_link
+    return Collectives(per_micro * layout.grad_accum, replica, link.name if g > 1 or replicas > 1 else "")
+
+
+def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
+    """Host <-> GPU copies per step: each shard copied in for forward and backward, gradients copied out."""
+    if not layout.cpu_offload:
+        return 0.0
+    weight_bytes = (FP32 if w.method == "full" else BF16) * w.model.params + FP32 * w.trainable_params
+    per_micro = (2 * weight_bytes + FP32 * w.trainable_params) / layout.shard_group
+    return layout.grad_accum * per_micro / gpu.host_bytes_per_s
 
 
 def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estimate:
     gpu: GPU = pool.gpu
-    memory = {**state_bytes(w, layout), **activation_bytes(w, layout, cal)}
+    memory = {**gpu_state_bytes(w, layout), **activation_bytes(w, layout, cal)}
     micro = layout.grad_accum
     mm = micro * matmul_flops(w, layout) / (gpu.bf16_flops * gpu.matmul_efficiency)
     mb = micro * (memory_bound_bytes(w, layout, cal) / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
                   + fixed_seconds(w, layout, cal))
-    local_trainable = w.trainable_params / (layout.shard_group if layout.sharded else 1)
-    opt = ADAMW_BYTES_PER_PARAM * local_trainable / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
+    # a host-bound micro-batch leaves the GPU idle: counted as memory-bound (not matmul) time
+    mb += max(0.0, micro * host_floor_seconds(w, layout, cal) - mm - mb)
+    local_trainable = w.trainable_params / layout.shard_group
+    if layout.cpu_offload:  # the ranks of a node share its cores and memory bandwidth
+        opt = local_trainable * (layout.gpus // layout.nodes) * cal.cpu_adam_seconds_per_param
+    else:
+        opt = ADAMW_BYTES_PER_PARAM * local_trainable / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
     compute = mm + mb
-    comm, _ = comm_per_step(w, layout, pool)
-    # DDP's all-reduce overlaps the last micro-batch's backward (about 2/3 of its compute); FSDP prefetches
-    # the next block's gather during this block's compute, all step long.
-    window = (2 / 3) * compute / micro if layout.strategy == "ddp" else compute
-    exposed = max(0.0, comm - window)
-    hidden = comm - exposed
-    step = compute + opt + exposed + cal.comm_interference * hidden
-    return Estimate(sum(memory.values()), memory, step, mm, mb, opt, comm, exposed)
+    comm = collectives(w, layout, pool)
+    copies = offload_seconds(w, layout, gpu)
+    # The replica all-reduce overlaps the last micro-batch's backward (about 2/3 of its compute); gathers,
+    # reduce-scatters and offload copies are prefetched under the compute of the whole step.
+    last_backward = (2 / 3) * compute / micro
+    exposed_replica = max(0.0, comm.replica_seconds - last_backward)
+    streamed = comm.shard_seconds + copies
+    exposed_streamed = max(0.0, streamed - (compute - min(comm.replica_seconds, last_backward)))
+    streamed_comm_part = comm.shard_seconds / streamed if streamed else 0.0
+    exposed_comm = exposed_replica + exposed_streamed * streamed_comm_part
+    exposed_copies = exposed_streamed * (1 - streamed_comm_part)
+    total_comm = comm.shard_seconds + comm.replica_seconds
+    hidden = total_comm + copies - exposed_comm - exposed_copies
+    step = compute + opt + exposed_comm + exposed_copies + cal.comm_interference * hidden
+    host = host_state_bytes(w, layout)
+    return Estimate(sum(memory.values()), memory, host, step, mm, mb, opt, total_comm, exposed_comm, copies,
+                    exposed_copies)

@@ -18,6 +18,7 @@ class GPU:
     memory_gib: float  # usable by one process (datasheet less what the driver keeps)
     bf16_flops: float  # dense, datasheet
     hbm_bytes_per_s: float  # datasheet
+    host_bytes_per_s: float  # host <-> GPU copies of pinned memory, per GPU, each direction (PCIe)
     matmul_efficiency: float = 0.5
     memory_efficiency: float = 0.6
 
@@ -35,13 +36,14 @@ class Link:
 
 
 GPUS = {
-    "H200": GPU("H200", 139.0, 989e12, 4.8e12),
-    "H100": GPU("H100", 79.0, 989e12, 3.35e12),
-    "A100-80GB": GPU("A100-80GB", 79.0, 312e12, 2.0e12),
-    "A100-40GB": GPU("A100-40GB", 39.4, 312e12, 1.55e12),
-    "L40S": GPU("L40S", 44.5, 362e12, 0.864e12),
-    "L4": GPU("L4", 22.0, 121e12, 0.3e12),
-    "A10G": GPU("A10G", 22.0, 125e12, 0.6e12),
+    # host links: ~80% of PCIe Gen5 x16 (64 GB/s) on SXM Hopper, of Gen4 x16 (32 GB/s) elsewhere
+    "H200": GPU("H200", 139.0, 989e12, 4.8e12, 50e9),
+    "H100": GPU("H100", 79.0, 989e12, 3.35e12, 50e9),
+    "A100-80GB": GPU("A100-80GB", 79.0, 312e12, 2.0e12, 25e9),
+    "A100-40GB": GPU("A100-40GB", 39.4, 312e12, 1.55e12, 25e9),
+    "L40S": GPU("L40S", 44.5, 362e12, 0.864e12, 25e9),
+    "L4": GPU("L4", 22.0, 121e12, 0.3e12, 25e9),
+    "A10G": GPU("A10G", 22.0, 125e12, 0.6e12, 25e9),
 }
 
 # busbw that large collectives reach, ~80-90% of the link's rate (nccl-tests PERFORMANCE.md). Between nodes
@@ -71,10 +73,21 @@ class Pool:
     intra_node: Link
     inter_node: Link | None
     price_per_gpu_hour: float
+    host_memory_gib: float | None = None  # per node; None: HOST_MEMORY_PER_GPU_MEMORY x the node's GPU memory
 
     @property
     def max_gpus(self) -> int:
         return self.gpus_per_node * self.max_nodes
+
+    @property
+    def host_memory_per_node_gib(self) -> float:
+        if self.host_memory_gib is not None:
+            return self.host_memory_gib
+        return HOST_MEMORY_PER_GPU_MEMORY * self.gpu.memory_gib * self.gpus_per_node
+
+
+# Cloud GPU nodes carry about twice their GPU memory in host memory (A100 40GB: 85 GB, 8 x H100: 2 TB).
+HOST_MEMORY_PER_GPU_MEMORY = 2.0
 
 
 def gpu_from_product_name(product: str) -> str | None:

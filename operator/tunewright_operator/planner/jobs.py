@@ -34,4 +34,4 @@ def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profil
 
 def layout_of(chosen: Plan) -> Layout:
     return Layout(chosen.strategy, chosen.gpus, chosen.nodes, chosen.micro_batch, chosen.grad_accum,
-                  chosen.activation_checkpointing, chosen.shard_group)
+                  chosen.activation_checkpointing, chosen.shard_group, chosen.cpu_offload)

@@ -1,7 +1,8 @@
 """Search layouts for a workload on a pool, choose one by objective, and say why.
 
-Strategy × GPU count × nodes × micro-batch × accumulation × activation checkpointing. (No CPU offload:
-the runtime has none, and a plan it cannot run is no plan.)
+Strategy × GPU count × nodes × shard group × micro-batch × accumulation × activation checkpointing ×
+CPU offload (sharded states in host memory, optimizer on the CPU: slower, but it fits a model on fewer
+GPUs, which the cheapest objective may prefer).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tunewright_operator.planner.estimate import Calibration, Estimate, Layout, 
 from tunewright_operator.planner.hardware import GIB, Pool
 
 USABLE_MEMORY = 0.9  # allocator fragmentation, CUDA context, NCCL buffers: measured reserved ran up to +15%
+USABLE_HOST_MEMORY = 0.8  # the rest is the OS, the dataloader, the Ray worker processes and page cache
 COMM_BOUND = 0.5  # exposed communication share above which a layout is called communication-bound
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
@@ -30,6 +32,9 @@ class Predicted(BaseModel):
     optimizer_seconds: float
     comm_seconds: float
     exposed_comm_seconds: float
+    offload_seconds: float
+    exposed_offload_seconds: float
+    host_memory_gib_per_node: float
     comm_share: float
     exposed_comm_share: float
     mfu: float
@@ -55,6 +60,7 @@ class Plan(BaseModel):
     grad_accum: int
     activation_checkpointing: bool
     shard_group: int = Field(description="GPUs one copy of the training state is sharded over")
+    cpu_offload: bool = Field(default=False, description="Sharded states in host memory, optimizer on the CPU")
     predicted: Predicted
     explanation: str
     rejected: list[Rejected]
@@ -71,7 +77,16 @@ class Candidate:
     tokens_per_second: float
     duration_seconds: float
     cost_usd: float
-    fits: bool
+    fits_gpu: bool
+    fits_host: bool
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+    @property
+    def host_bytes_per_node(self) -> float:
+        return self.estimate.host_memory_bytes * (self.layout.gpus // self.layout.nodes)
 
 
 def gpu_counts(pool: Pool, max_gpus: int) -> Iterator[tuple[int, int]]:
@@ -99,15 +114,19 @@ def layouts(w: Workload, pool: Pool, strategies: tuple[str, ...], max_gpus: int)
                     if per_rank % micro:
                         continue
                     for checkpointing in (False, True):
-                        yield Layout(strategy, gpus, nodes, micro, per_rank // micro, checkpointing, shard)
+                        for offload in (False, True):
+                            yield Layout(strategy, gpus, nodes, micro, per_rank // micro, checkpointing, shard,
+                                         offload)
 
 
 def shard_groups(strategy: str, gpus: int, nodes: int, gpus_per_node: int) -> list[int]:
-    """FSDP shards over every GPU; HSDP over whole nodes (1, 2, ... of them), replicated across the rest."""
+    """FSDP shards over every GPU; HSDP over a node's GPUs (within one node: a power-of-two part of them)
+    or over whole nodes, replicated across the rest; single and DDP keep whole copies (shards of one)."""
     if strategy == "fsdp":
         return [gpus]
-    if strategy == "hsdp":  # within one node, hybrid shard is plain FSDP
-        return [k * gpus_per_node for k in range(1, nodes) if nodes % k == 0] if nodes > 1 else []
+    if strategy == "hsdp":
+        within = [g for g in (2, 4, 8, 16) if g < min(gpus, gpus_per_node) and gpus % g == 0]
+        return within + [k * gpus_per_node for k in range(1, nodes) if nodes % k == 0]
     return [1]
 
 
@@ -116,8 +135,10 @@ def evaluate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Candi
     tokens_per_second = w.tokens_per_step / e.step_seconds
     duration = w.steps * e.step_seconds
     cost = layout.gpus * duration / 3600 * pool.price_per_gpu_hour
-    fits = e.peak_memory_bytes <= USABLE_MEMORY * pool.gpu.memory_gib * GIB
-    return Candidate(layout, e, tokens_per_second, duration, cost, fits)
+    fits_gpu = e.peak_memory_bytes <= USABLE_MEMORY * pool.gpu.memory_gib * GIB
+    host_per_node = e.host_memory_bytes * (layout.gpus // layout.nodes)
+    fits_host = host_per_node <= USABLE_HOST_MEMORY * pool.host_memory_per_node_gib * GIB
+    return Candidate(layout, e, tokens_per_second, duration, cost, fits_gpu, fits_host)
 
 
 def _better(objective: str, a: Candidate, b: Candidate) -> bool:
@@ -129,8 +150,11 @@ def _better(objective: str, a: Candidate, b: Candidate) -> bool:
 def _describe(c: Candidate) -> str:
     lay = c.layout
     return (f"{lay.strategy} on {lay.gpus} GPU{'s' if lay.gpus > 1 else ''}"
-            f"{f' ({lay.nodes} nodes)' if lay.nodes > 1 else ''}, micro-batch {lay.micro_batch} x {lay.grad_accum}"
-            f"{', activation checkpointing' if lay.activation_checkpointing else ''}")
+            f"{f' ({lay.nodes} nodes)' if lay.nodes > 1 else ''}"
+            f"{f' in groups of {lay.shard_group}' if lay.strategy == 'hsdp' else ''}"
+            f", micro-batch {lay.micro_batch} x {lay.grad_accum}"
+            f"{', activation checkpointing' if lay.activation_checkpointing else ''}"
+            f"{', CPU offload' if lay.cpu_offload else ''}")
 
 
 def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest", strategy: str = "auto",
@@ -146,15 +170,22 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     if strategy not in ("auto", *STRATEGIES):
         raise ValueError(f"strategy: must be auto or one of {', '.join(STRATEGIES)}, got {strategy!r}")
     limit = max_gpus or pool.max_gpus
+    if w.method == "qlora":
+        single = estimate(w, Layout("single", 1, 1, 1, w.global_batch, True), pool, cal)
+        raise NoPlan(f"method qlora: the runtime does not train 4-bit bases yet (the memory model alone puts "
+                     f"{single.peak_memory_bytes / GIB:.0f} GiB on one {pool.gpu.name} at micro-batch 1 with "
+                     f"checkpointing); use lora")
 
     best_per_strategy: dict[str, Candidate] = {}
-    smallest_per_strategy: dict[str, Candidate] = {}  # least memory, to say by how much nothing fits
+    # least GPU memory without offload, least host memory with it: to say by how much nothing fits
+    smallest_per_strategy: dict[tuple[str, bool], Candidate] = {}
     for layout in layouts(w, pool, strategies, limit):
         c = evaluate(w, layout, pool, cal)
         s = layout.strategy
-        small = smallest_per_strategy.get(s)
-        if small is None or c.estimate.peak_memory_bytes < small.estimate.peak_memory_bytes:
-            smallest_per_strategy[s] = c
+        key = (s, layout.cpu_offload)
+        small = smallest_per_strategy.get(key)
+        if small is None or _footprint(c) < _footprint(small):
+            smallest_per_strategy[key] = c
         if not c.fits:
             continue
         if objective == "fastest-within-budget" and c.cost_usd > budget_usd:
@@ -178,21 +209,34 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     return _to_plan(w, chosen, pool, objective, rejected)
 
 
+def _footprint(c: Candidate) -> tuple[float, float]:
+    if c.layout.cpu_offload:
+        return (not c.fits_gpu, c.host_bytes_per_node)
+    return (0, c.estimate.peak_memory_bytes)
+
+
+def _does_not_fit(c: Candidate, pool: Pool) -> str:
+    if not c.fits_gpu:
+        need, usable = c.estimate.peak_memory_bytes / GIB, USABLE_MEMORY * pool.gpu.memory_gib
+        return f"{need:.0f} GiB > {usable:.0f} GiB usable per {pool.gpu.name} even at {_describe(c)}"
+    need, usable = c.host_bytes_per_node / GIB, USABLE_HOST_MEMORY * pool.host_memory_per_node_gib
+    return f"{need:.0f} GiB of host memory > {usable:.0f} GiB usable per node even at {_describe(c)}"
+
+
 def _rejections(strategies, best, smallest, pool: Pool, objective, budget, deadline) -> list[Rejected]:
     out = []
-    usable = USABLE_MEMORY * pool.gpu.memory_gib
     for s in strategies:
         if s in best:
             continue
-        small = smallest.get(s)
+        small, offloaded = smallest.get((s, False)), smallest.get((s, True))
         if small is None:
-            out.append(Rejected(strategy=s, reason="no GPU count in this pool suits it (hsdp needs 2+ nodes; "
-                                                   "the global batch must divide over the GPUs)"))
-        elif not small.fits:
-            need = small.estimate.peak_memory_bytes / GIB
-            out.append(Rejected(strategy=s, gpus=small.layout.gpus,
-                                reason=f"does not fit: {need:.0f} GiB > {usable:.0f} GiB usable per "
-                                       f"{pool.gpu.name} even at {_describe(small)}"))
+            out.append(Rejected(strategy=s, reason="no GPU count in this pool suits it (the global batch must "
+                                                   "divide over the GPUs; hsdp needs 2+ shard groups)"))
+        elif not small.fits or (offloaded is not None and not offloaded.fits):
+            reason = f"does not fit: {_does_not_fit(small, pool)}"
+            if offloaded is not None and not offloaded.fits:
+                reason += f"; with CPU offload: {_does_not_fit(offloaded, pool)}"
+            out.append(Rejected(strategy=s, gpus=small.layout.gpus, reason=reason))
         elif objective == "fastest-within-budget":
             out.append(Rejected(strategy=s, reason=f"no layout within the ${budget:,.2f} budget"))
         else:
@@ -225,18 +269,24 @@ def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: li
     predicted = Predicted(
         peak_memory_gib=e.peak_memory_bytes / GIB, step_seconds=e.step_seconds, matmul_seconds=e.matmul_seconds,
         memory_bound_seconds=e.memory_bound_seconds, optimizer_seconds=e.optimizer_seconds,
-        comm_seconds=e.comm_seconds, exposed_comm_seconds=e.exposed_comm_seconds, comm_share=e.comm_share,
+        comm_seconds=e.comm_seconds, exposed_comm_seconds=e.exposed_comm_seconds,
+        offload_seconds=e.offload_seconds, exposed_offload_seconds=e.exposed_offload_seconds,
+        host_memory_gib_per_node=c.host_bytes_per_node / GIB, comm_share=e.comm_share,
         exposed_comm_share=e.exposed_comm_share, mfu=mfu, tokens_per_second=c.tokens_per_second,
         duration_seconds=c.duration_seconds, cost_usd=c.cost_usd,
         memory_breakdown_gib={k: v / GIB for k, v in e.memory_breakdown.items()},
     )
     regime = ("communication-bound" if e.exposed_comm_share > COMM_BOUND
+              else "bound by the host's optimizer step" if e.optimizer_seconds > 0.5 * e.step_seconds
               else "compute-bound" if e.matmul_seconds >= e.memory_bound_seconds else "memory-bandwidth-bound")
     states = sum(v for k, v in e.memory_breakdown.items() if k not in ("activations", "logits and loss")) / GIB
+    offload = (f"; {c.host_bytes_per_node / GIB:.0f} GiB of states per node in host memory (of "
+               f"{USABLE_HOST_MEMORY * pool.host_memory_per_node_gib:.0f} GiB usable), "
+               f"{e.exposed_offload_seconds:.3f} s of host copies exposed" if lay.cpu_offload else "")
     explanation = (
         f"{_describe(c)} ({objective}): {predicted.peak_memory_gib:.1f} GiB per {pool.gpu.name} "
         f"({states:.1f} GiB weights and optimizer, the rest activations and logits) of "
-        f"{USABLE_MEMORY * pool.gpu.memory_gib:.0f} GiB usable; {regime}: step {e.step_seconds:.3f} s = "
+        f"{USABLE_MEMORY * pool.gpu.memory_gib:.0f} GiB usable{offload}; {regime}: step {e.step_seconds:.3f} s = "
         f"{e.matmul_seconds:.3f} matmul + {e.memory_bound_seconds:.3f} memory-bound + "
         f"{e.optimizer_seconds:.3f} optimizer + {e.exposed_comm_seconds:.3f} exposed communication "
         f"({e.comm_share:.0%} of the step in collectives, {e.exposed_comm_share:.0%} exposed); "
@@ -245,4 +295,4 @@ def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: li
     )
     return Plan(strategy=lay.strategy, gpus=lay.gpus, nodes=lay.nodes, micro_batch=lay.micro_batch,
                 grad_accum=lay.grad_accum, activation_checkpointing=lay.activation_checkpointing,
-                shard_group=lay.shard_group, predicted=predicted, explanation=explanation, rejected=rejected)
+                shard_group=lay.shard_group, cpu_offload=lay.cpu_offload, predicted=predicted, explanation=explanation, rejected=rejected)

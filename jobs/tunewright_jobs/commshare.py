@@ -1,0 +1,183 @@
+"""Measured communication share: how much of a step each rank spends in collectives, and how much of that
+is not hidden behind compute.
+
+Definition (DESIGN.md, telemetry): per rank, the merged time of collective kernels / step time (total),
+and the part of it not overlapped by compute / step time (exposed). Measured with the PyTorch profiler
+over a short window of steps, every `metrics.profile.every_steps`:
+- on CUDA, collectives are NCCL kernels and compute is every other kernel (copies and memsets are DMA,
+  neither);
+- on CPU (gloo), collectives are gloo's operations, which run on gloo's own threads, and compute is the
+  aten operations of the other threads.
+The interval arithmetic below is pure; `CommProfiler` is the thin shell around the profiler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tunewright_jobs.config import ProfileConfig
+
+log = logging.getLogger(__name__)
+
+Interval = tuple[int, int]  # (start_ns, end_ns)
+
+
+def merge(intervals: list[Interval]) -> list[Interval]:
+    """The union of intervals, as sorted disjoint intervals."""
+    merged: list[Interval] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def covered(intervals: list[Interval]) -> int:
+    return sum(end - start for start, end in merge(intervals))
+
+
+def uncovered(intervals: list[Interval], cover: list[Interval]) -> int:
+    """Time inside `intervals` (merged) that no interval of `cover` overlaps."""
+    cover = merge(cover)
+    exposed, j = 0, 0
+    for start, end in merge(intervals):
+        cursor = start
+        while j < len(cover) and cover[j][1] <= cursor:
+            j += 1
+        k = j
+        while k < len(cover) and cover[k][0] < end:
+            if cover[k][0] > cursor:
+                exposed += cover[k][0] - cursor
+            cursor = max(cursor, cover[k][1])
+            if cursor >= end:
+                break
+            k += 1
+        exposed += max(0, end - cursor)
+    return exposed
+
+
+@dataclass(frozen=True)
+class CommShare:
+    comm_seconds: float  # merged collective time in the window
+    exposed_seconds: float  # of which not overlapped by compute
+    window_seconds: float
+
+    @property
+    def total(self) -> float:
+        return min(1.0, self.comm_seconds / self.window_seconds) if self.window_seconds > 0 else 0.0
+
+    @property
+    def exposed(self) -> float:
+        return min(1.0, self.exposed_seconds / self.window_seconds) if self.window_seconds > 0 else 0.0
+
+
+def comm_share(comm: list[Interval], compute: list[Interval], window_seconds: float) -> CommShare:
+    return CommShare(covered(comm) / 1e9, uncovered(comm, compute) / 1e9, window_seconds)
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    name: str
+    kind: str  # "kernel" (on the accelerator), "cpu_op" or other profiler activity types
+    thread: int
+    start_ns: int
+    end_ns: int
+
+
+def split_events(events: list[TraceEvent]) -> tuple[list[Interval], list[Interval]]:
+    """(collective intervals, compute intervals) of one rank's trace."""
+    kernels = [e for e in events if e.kind == "kernel"]
+    if kernels:
+        comm = [(e.start_ns, e.end_ns) for e in kernels if "nccl" in e.name.lower()]
+        compute = [(e.start_ns, e.end_ns) for e in kernels if "nccl" not in e.name.lower()]
+        return comm, compute
+    comm_events = [e for e in events if e.name.startswith("gloo:")]
+    comm_threads = {e.thread for e in comm_events}
+    compute = [(e.start_ns, e.end_ns) for e in events
+               if e.name.startswith("aten::") and e.thread not in comm_threads]
+    return [(e.start_ns, e.end_ns) for e in comm_events], compute
+
+
+def _kind(event) -> str:
+    """Kernel or not, from what every supported torch exposes (2.11 has no `activity_type`)."""
+    if event.device_type() == torch.autograd.DeviceType.CPU:
+        return "cpu_op"
+    if event.name().startswith(("Memcpy", "Memset")):
+        return "gpu_memcpy"
+    is_annotation = getattr(event, "is_user_annotation", None)
+    if is_annotation is not None and is_annotation():  # record_function ranges drawn on the GPU timeline
+        return "gpu_user_annotation"
+    return "kernel"
+
+
+def _trace_events(prof) -> list[TraceEvent]:
+    return [TraceEvent(e.name(), _kind(e), e.start_thread_id(), e.start_ns(), e.end_ns())
+            for e in prof.profiler.kineto_results.events()]
+
+
+class CommProfiler:
+    """Profiles `cfg.steps` steps starting at `first_step`, then every `every_steps` (0: once).
+
+    Call `begin(step)` before a step and `end(step)` after it; `end` returns the ranks' shares when a
+    window closes (every rank must call it: the shares are averaged across ranks), else None. A window
+    opens only where it can close before `total_steps`.
+    """
+
+    def __init__(self, cfg: ProfileConfig, dist, total_steps: int):
+        self.cfg, self.dist, self.total_steps = cfg, dist, total_steps
+        self._prof = None
+        self._window_start = 0.0
+
+    def _opens_at(self, step: int) -> bool:
+        if not self.cfg.enabled or step < self.cfg.first_step or step + self.cfg.steps > self.total_steps:
+            return False
+        offset = step - self.cfg.first_step
+        return offset == 0 or (self.cfg.every_steps > 0 and offset % self.cfg.every_steps == 0)
+
+    def begin(self, step: int) -> None:
+        if self._prof is not None or not self._opens_at(step):
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.dist.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = profile(activities=activities)
+        self._sync()
+        self._prof.start()
+        self._opened, self._window_start = step, time.perf_counter()
+
+    def end(self, step: int) -> dict | None:
+        if self._prof is None or step + 1 - self._opened < self.cfg.steps:
+            return None
+        self._sync()
+        window = time.perf_counter() - self._window_start
+        prof, self._prof = self._prof, None
+        try:
+            prof.stop()
+            share = comm_share(*split_events(_trace_events(prof)), window)
+        except Exception:  # a profiler that cannot trace here costs the measurement, never the run
+            log.warning("communication share not measured at step %d", step + 1, exc_info=True)
+            share = None
+        # every rank takes part in the reductions below, so that one rank's failure cannot hang the others
+        failed = self.dist.all_reduce_max([1.0 if share is None else 0.0])[0]
+        if failed:
+            return None
+        steps = step + 1 - self._opened
+        n = self.dist.world_size
+        means = [v / n for v in self.dist.all_reduce_sum(
+            [share.total, share.exposed, share.comm_seconds / steps, share.exposed_seconds / steps])]
+        peaks = self.dist.all_reduce_max([share.total, share.exposed])
+        return {"profiled_steps": steps, "profiled_step_seconds": window / steps,
+                "comm_share": means[0], "comm_share_exposed": means[1],
+                "comm_seconds_per_step": means[2], "exposed_comm_seconds_per_step": means[3],
+                "comm_share_max_rank": peaks[0], "comm_share_exposed_max_rank": peaks[1]}
+
+    def _sync(self) -> None:
+        if self.dist.device.type == "cuda":
+            torch.cuda.synchronize(self.dist.device)

@@ -1,0 +1,69 @@
+"""Communication share arithmetic: merged collective time, and the part of it no compute overlaps."""
+
+import pytest
+
+from tunewright_jobs.commshare import TraceEvent, comm_share, covered, merge, split_events, uncovered
+
+
+@pytest.mark.parametrize(("intervals", "merged"), [
+    ([], []),
+    ([(0, 10)], [(0, 10)]),
+    ([(5, 10), (0, 3)], [(0, 3), (5, 10)]),
+    ([(0, 5), (3, 8), (8, 9)], [(0, 9)]),  # overlapping and touching
+    ([(0, 10), (2, 4)], [(0, 10)]),  # nested
+    ([(4, 4), (1, 2)], [(1, 2)]),  # empty intervals drop out
+])
+def test_merge(intervals, merged):
+    assert merge(intervals) == merged
+
+
+@pytest.mark.parametrize(("comm", "compute", "exposed"), [
+    ([(0, 10)], [], 10),
+    ([(0, 10)], [(0, 10)], 0),
+    ([(0, 10)], [(2, 4), (6, 7)], 7),  # holes in the compute
+    ([(0, 10)], [(-5, 3), (8, 20)], 5),  # compute sticking out on both sides
+    ([(0, 4), (6, 10)], [(3, 7)], 6),  # one compute interval across two collectives
+    ([(0, 4), (2, 6)], [(5, 6)], 5),  # overlapping collectives count once
+    ([(10, 20)], [(0, 5), (25, 30)], 10),  # compute elsewhere
+])
+def test_exposed_time(comm, compute, exposed):
+    assert uncovered(comm, compute) == exposed
+    assert uncovered(comm, compute) <= covered(comm)
+
+
+def test_shares_of_the_window():
+    share = comm_share([(0, 300_000_000), (200_000_000, 400_000_000)], [(100_000_000, 300_000_000)], 1.0)
+    assert (share.comm_seconds, share.exposed_seconds) == (pytest.approx(0.4), pytest.approx(0.2))
+    assert (share.total, share.exposed) == (pytest.approx(0.4), pytest.approx(0.2))
+    assert comm_share([], [], 0.0).total == 0.0
+
+
+def test_cuda_traces_split_on_nccl_kernels():
+    events = [TraceEvent("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "kernel", 7, 0, 10),
+              TraceEvent("ampere_bf16_s16816gemm_bf16_128x128", "kernel", 7, 5, 20),
+              TraceEvent("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 7, 0, 30),
+              TraceEvent("aten::mm", "cpu_op", 1, 0, 30)]
+    assert split_events(events) == ([(0, 10)], [(5, 20)])
+
+
+def test_cpu_traces_split_on_gloo_threads():
+    events = [TraceEvent("gloo:all_reduce", "user_annotation", 2, 0, 10),
+              TraceEvent("aten::mm", "cpu_op", 1, 5, 20),
+              TraceEvent("aten::copy_", "cpu_op", 2, 1, 2),  # on gloo's thread: part of the collective
+              TraceEvent("c10d::allreduce_", "cpu_op", 1, 0, 1)]
+    assert split_events(events) == ([(0, 10)], [(5, 20)])
+
+
+@pytest.mark.parametrize(("total", "every", "opened"), [
+    (10, 4, [2, 6]),  # a window at 10 could not close
+    (11, 4, [2, 6]),
+    (12, 4, [2, 6, 10]),
+    (10, 0, [2]),  # once
+    (3, 4, []),  # the first window would end past the run
+])
+def test_windows_open_only_where_they_can_close(total, every, opened):
+    from tunewright_jobs.commshare import CommProfiler
+    from tunewright_jobs.config import ProfileConfig
+
+    profiler = CommProfiler(ProfileConfig(first_step=2, steps=2, every_steps=every), dist=None, total_steps=total)
+    assert [s for s in range(total) if profiler._opens_at(s)] == opened
