@@ -59,6 +59,14 @@ def wait_healthy(client: Client, server: subprocess.Popen, timeout: float = 60) 
             time.sleep(0.2)
 
 
+def communication(telemetry: dict) -> str:
+    if telemetry["commShare"] is None:
+        return "communication      not measured (the run was too short for a profiler window)"
+    return (f"communication      {telemetry['commShare']:.1%} of the step in collectives, "
+            f"{telemetry['commShareExposed']:.1%} not hidden by compute (measured at step "
+            f"{telemetry['commMeasuredAtStep']}, gloo)")
+
+
 def summary(job: dict, metrics: list[dict]) -> str:
     result, plan = job["result"], job["plan"]
     before, after = result["eval_before"], result["eval_after"]
@@ -73,6 +81,7 @@ def summary(job: dict, metrics: list[dict]) -> str:
         f"exact match        {before['exact_match']:.1%} -> {after['exact_match']:.1%}"
         f"  ({after['exact_match_examples']} held-out reviews)",
         f"trained tokens/s   {statistics.median(speeds):,.0f} (median), {job['progress']['trainedTokens']:,} tokens",
+        communication(job["telemetry"]),
         f"cost               $0.00: the local pool has no price ({plan['workers']} CPU workers held {elapsed:.0f} s)",
         f"adapter            {result['export']['adapter']}",
     ])
