@@ -107,7 +107,13 @@ def progress_line(job: dict) -> str:
         started = started if started.tzinfo else started.replace(tzinfo=UTC)  # SQLite keeps no zone
         per_step = max((datetime.now(UTC) - started).total_seconds(), 0) / step
         eta = f"{per_step * (total - step):.0f}s"
-    return f"{job['status']:9} [{bar}] step {step}/{total or '?'}  loss {loss}  tokens/s {speed}  ETA {eta}"
+    line = f"{job['status']:9} [{bar}] step {step}/{total or '?'}  loss {loss}  tokens/s {speed}  ETA {eta}"
+    measured = job.get("telemetry") or {}
+    if measured.get("mfu") is not None:
+        line += f"  MFU {measured['mfu']:.0%}"
+    if measured.get("commShare") is not None:
+        line += f"  comm {measured['commShare']:.0%} ({measured['commShareExposed']:.0%} exposed)"
+    return line
 
 
 def watch(client: Client, job_id: str, out=None, poll: float = 1.0) -> dict:

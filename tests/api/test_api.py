@@ -270,6 +270,7 @@ def test_the_cli_drives_the_api(server, tiny_models, tmp_path, capsys):
     assert main([*user, "submit", str(spec), "--watch"]) == 0  # uploads the local file, then watches
     out = capsys.readouterr().out
     assert "submitted ftjob-" in out and "succeeded [" in out and "step 4/4" in out
+    assert re.search(r"succeeded \[.*comm \d+% \(\d+% exposed\)", out)  # the measured share, on the last line
     job_id = re.search(r"submitted (ftjob-\w+)", out).group(1)
     assert main([*user, "jobs"]) == 0 and job_id in capsys.readouterr().out
     assert main([*user, "events", job_id]) == 0 and "succeeded" in capsys.readouterr().out
