@@ -117,6 +117,7 @@ def test_torchrun_hsdp_two_groups_of_two(tiny_models, tmp_path, single_full):
     result = run_torchrun(cfg, tmp_path, 4)
     assert (result["strategy"], result["workers"]) == ("hsdp", 4)
     assert_same_first_step(cfg, single_full)
+    assert_measured_comm_share(cfg)
 
 
 def test_torchrun_fsdp_lora(tiny_models, tmp_path, single_lora):
