@@ -1,4 +1,5 @@
-"""Process groups and model wrapping: single device, DDP, FSDP2 (per transformer block), HSDP (2-D mesh).
+"""Process groups and model wrapping: every strategy is FSDP2 (per transformer block) on its device mesh —
+single (a mesh of one), DDP (shards of one, replicated), FSDP (one shard group), HSDP (2-D mesh).
 
 Works the same under Ray Train (which creates the process group), under torchrun, and in one process.
 """
@@ -35,17 +36,16 @@ class Dist:
             torch_dist.barrier()
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
-        if not self.distributed:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch_dist.all_reduce(t)
-        return t.tolist()
+        return self._all_reduce(values, torch_dist.ReduceOp.SUM)
 
     def all_reduce_max(self, values: list[float]) -> list[float]:
+        return self._all_reduce(values, torch_dist.ReduceOp.MAX)
+
+    def _all_reduce(self, values: list[float], op) -> list[float]:
         if not self.distributed:
             return list(values)
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        torch_dist.all_reduce(t, op=op)
         return t.tolist()
 
 

@@ -1,10 +1,11 @@
 """Memory and time of one layout of one workload: pure arithmetic, no I/O.
 
 Memory is the allocator's peak per GPU (what `torch.cuda.max_memory_allocated` reports), in bytes:
-model states by strategy (REFERENCE.md table, as the runtime actually stores them), activations per
-micro-batch, logits and loss. Time per optimizer step is split into matrix-product time, memory-bound
-time, exposed communication and the optimizer step. The constants that kernels decide (bytes kept or
-moved per token, efficiencies) live in `Calibration`, fitted to measured runs (calibration.py).
+model states by strategy (REFERENCE.md table, as the runtime actually stores them; with CPU offload they
+move to host memory, reported apart), activations per micro-batch, logits and loss. Time per optimizer
+step is split into matrix-product time, memory-bound time, exposed communication, exposed host copies and
+the optimizer step (the host's when offloaded). The constants that kernels decide (bytes kept or moved per
+token, efficiencies) live in `Calibration`, fitted to measured runs (calibration.py).
 """
 
 from __future__ import annotations
