@@ -114,6 +114,9 @@ class Job(SQLModel, table=True):
     run_dir: str = ""
     pid: int | None = None
 
+    def telemetry(self) -> dict[str, Any]:
+        return measured(self.plan, self.comm, self.tokens_per_second, self.started_at, self.finished_at, now())
+
 
 class JobPublic(SQLModel):
     id: str
@@ -135,10 +138,9 @@ class JobPublic(SQLModel):
         progress = {"step": job.step, "totalSteps": job.total_steps, "loss": job.loss,
                     "tokensPerSecond": job.tokens_per_second, "trainedTokens": job.trained_tokens}
         error = {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
-        telemetry = measured(job.plan, job.comm, job.tokens_per_second, job.started_at, job.finished_at, now())
         return cls(id=job.id, status=job.status, model=job.model, created_at=job.created_at,
                    started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=job.plan,
-                   progress=progress, telemetry=telemetry, result=job.result, error=error)
+                   progress=progress, telemetry=job.telemetry(), result=job.result, error=error)
 
 
 class JobEvent(SQLModel, table=True):

@@ -42,23 +42,8 @@ def covered(intervals: list[Interval]) -> int:
 
 
 def uncovered(intervals: list[Interval], cover: list[Interval]) -> int:
-    """Time inside `intervals` (merged) that no interval of `cover` overlaps."""
-    cover = merge(cover)
-    exposed, j = 0, 0
-    for start, end in merge(intervals):
-        cursor = start
-        while j < len(cover) and cover[j][1] <= cursor:
-            j += 1
-        k = j
-        while k < len(cover) and cover[k][0] < end:
-            if cover[k][0] > cursor:
-                exposed += cover[k][0] - cursor
-            cursor = max(cursor, cover[k][1])
-            if cursor >= end:
-                break
-            k += 1
-        exposed += max(0, end - cursor)
-    return exposed
+    """Time inside `intervals` that no interval of `cover` overlaps: |intervals ∪ cover| - |cover|."""
+    return covered(intervals + cover) - covered(cover)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from tunewright_api.routes.jobs import (
     resolve_dataset,
     submit,
 )
-from tunewright_api.telemetry import measured
 from tunewright_operator.jobconfig import DEFAULT_GLOBAL_BATCH
 from tunewright_operator.spec import FineTuneJobSpec
 
@@ -136,8 +135,7 @@ def openai_job(job: Job) -> dict:
         "metadata": job.job_metadata, "user_provided_suffix": job.suffix,
         "tunewright": {"plan": job.plan, "progress": {"step": job.step, "total_steps": job.total_steps,
                                                       "loss": job.loss, "tokens_per_second": job.tokens_per_second},
-                       "telemetry": measured(job.plan, job.comm, job.tokens_per_second, job.started_at,
-                                             job.finished_at, now())},
+                       "telemetry": job.telemetry()},
     }
 
 
