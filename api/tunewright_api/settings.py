@@ -23,7 +23,8 @@ class Settings(BaseSettings):
     local_gpu_type: str | None = None  # catalog name (H200, H100, ...); default: what nvidia-smi reports
     local_gpu_link: str = "nvlink4"  # how the local GPUs are joined (a planner link name)
     local_price_per_gpu_hour: float = 0.0
-    local_ray: bool = True  # run jobs on a local Ray (False: one plain process per job, e.g. for tests)
+    local_ray: bool = True  # run jobs on Ray (False: one plain process per worker under torchrun, e.g. for tests)
+    ray_address: str | None = None  # the Ray cluster jobs run on; default: each job starts a Ray of its own
     max_upload_bytes: int = 512 * 2**20
 
     @property

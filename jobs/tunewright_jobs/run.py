@@ -2,17 +2,20 @@
 
 With Ray (the default) the run is a Ray Train `TorchTrainer`: workers and GPUs from the strategy,
 checkpoints in `checkpoint.storage` under the job's name (a restarted run with the same name resumes
-from the newest one), joining the Ray cluster at RAY_ADDRESS or starting a local one.
+from the newest one), joining the Ray cluster at RAY_ADDRESS or starting one of its own (never one it finds on the host).
 With `--no-ray` it trains in this process, or in each process of a `torchrun` launch.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from tunewright_jobs.config import ConfigError, JobConfig
@@ -50,19 +53,31 @@ def _ray_worker(loop_config: dict) -> None:
     train(cfg, Runtime(dist, RayCheckpointStore()))
 
 
-def _connect_ray() -> None:
+def connect_ray() -> None:
+    """Join the Ray cluster this run was given (RAY_ADDRESS, e.g. a KubeRay head), or start one of its own.
+
+    Never Ray's discovery (address "auto" or None): it joins whatever cluster runs on the host, such as
+    another checkout's, whose workers run other code and lack this job's environment. A given cluster that
+    cannot be reached fails the run rather than quietly training somewhere else.
+    """
     import ray
 
     if ray.is_initialized():
         return
-    try:
-        ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), log_to_driver=True)
-    except ConnectionError:
-        log.info("no Ray cluster reachable: starting a local one")
-        # Local workers import this package from where the driver found it (installed or not).
-        source_root = str(Path(__file__).resolve().parent.parent)
-        path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)
-        ray.init(runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False)
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    log.info("no RAY_ADDRESS: starting a Ray cluster for this run alone")
+    # Its own session directory (Ray's default, /tmp/ray, is shared by every Ray on the host), removed at
+    # exit after Ray's own shutdown (atexit runs in reverse order of registration).
+    temp_dir = tempfile.mkdtemp(prefix="tunewright-ray-")
+    atexit.register(shutil.rmtree, temp_dir, ignore_errors=True)
+    # Local workers import this package from where the driver found it (installed or not).
+    source_root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)
+    ray.init(address="local", runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
+             _temp_dir=temp_dir)
 
 
 def storage_uri(storage: str) -> str:
@@ -76,7 +91,7 @@ def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
     from tunewright_jobs.train import preflight
 
     preflight(cfg)  # bad data fails here, before any worker or GPU is requested
-    _connect_ray()
+    connect_ray()
     st = cfg.strategy
     trainer = TorchTrainer(
         _ray_worker,

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -283,15 +284,49 @@ def test_the_cli_drives_the_api(server, tiny_models, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_jobs_run_on_a_local_ray_by_default(tmp_path, tiny_models):
+def test_jobs_run_on_a_local_ray_by_default(tmp_path, tiny_models, monkeypatch):
+    # The API's environment has a secret and a Ray address (say, another checkout's cluster): the job's
+    # processes get neither; it runs on a Ray of its own.
+    monkeypatch.setenv("TUNEWRIGHT_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     with Server(tmp_path / "data") as ray_server:  # local_ray defaults to True, as in production
         alice = ray_server.tenant("alice")
         train = upload(alice, TRAIN).json()["id"]
         job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=4)).json()
+        running = wait_for(alice, job["id"], {"running", "succeeded", "failed"})
+        pid = ray_server.app.state.backend._children[job["id"]].pid if running["status"] == "running" else None
+        seen = set()
+        while pid and alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "running":
+            for other in processes_of_session(pid) - seen:  # the driver, Ray's daemons and its workers
+                environment = read_environ(other)
+                assert ADMIN not in environment and "RAY_ADDRESS" not in environment, other
+                seen.add(other)
+            time.sleep(0.5)
         done = wait_for(alice, job["id"], {"succeeded", "failed"}, timeout=400)
         assert done["status"] == "succeeded", done["error"]
+        assert len(seen) >= 3  # the driver, Ray and at least one worker were inspected
         log = (tmp_path / "data" / "jobs" / job["id"] / "run.log").read_text()
         assert "RayTrainWorker" in log and done["progress"]["step"] == 4
+
+
+def processes_of_session(session_id: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if entry.name.isdigit() and int(fields[3]) == session_id:  # after ")": state ppid pgrp session
+            found.add(int(entry.name))
+    return found
+
+
+def read_environ(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "environ").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_cli_plan(server, tmp_path, capsys):

@@ -26,6 +26,12 @@ from tunewright_api.states import transition
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
+# What a job's processes inherit from the API's environment: what Python, PyTorch, CUDA, NCCL and Hugging
+# Face read, nothing else. The API's own secrets (admin token, database URL) and a Ray address it happens
+# to have stay out: a job runs on the Ray cluster the backend gives it, or on one it starts.
+INHERITED_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TMPDIR", "PYTHONPATH",
+                                 "VIRTUAL_ENV", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"})
+INHERITED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "HF_", "TRANSFORMERS_", "TORCH_", "OMP_", "MKL_")
 
 
 def _alive(pid: int, run_dir: str) -> bool:
@@ -43,6 +49,16 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-LOG_TAIL_LINES:])
+
+
+def job_environment(api_environment: dict[str, str], telemetry_token: str, ray_address: str | None) -> dict[str, str]:
+    """The environment of a job's processes (pure: the API's environment in, the job's out)."""
+    env = {k: v for k, v in api_environment.items()
+           if k in INHERITED_VARIABLES or k.startswith(INHERITED_PREFIXES)}
+    env["TUNEWRIGHT_TELEMETRY_TOKEN"] = telemetry_token
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
+    return env
 
 
 def add_event(session: Session, job: Job, message: str, level: str = "info", type_: str = "message",
@@ -108,7 +124,8 @@ class LocalBackend:
     def _launch(self, session: Session, job: Job) -> None:
         run_dir = Path(job.run_dir)
         config_path = run_dir / "job.json"
-        env = {**os.environ, "TUNEWRIGHT_TELEMETRY_TOKEN": (run_dir / "telemetry.token").read_text().strip()}
+        env = job_environment(dict(os.environ), (run_dir / "telemetry.token").read_text().strip(),
+                              self.settings.ray_address)
         with (run_dir / "run.log").open("ab") as log_file:
             command = [sys.executable, "-m", "tunewright_jobs.run", "--config", str(config_path)]
             if not self.settings.local_ray:  # one plain process per worker, under torchrun
