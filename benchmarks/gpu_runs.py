@@ -33,34 +33,32 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "operator"))
 
+from tunewright_operator.planner import calibration  # noqa: E402
+from tunewright_operator.planner.calibration_fit import MEASURED_MODELS, measured_pool, run_setup  # noqa: E402
+from tunewright_operator.planner.estimate import estimate  # noqa: E402
+from tunewright_operator.planner.hardware import GIB, GPUS  # noqa: E402
+from tunewright_operator.planner.models import ModelProfile, hf_config  # noqa: E402
+
+PEAK_FLOPS = GPUS["H200"].bf16_flops  # dense bf16 datasheet peak: the MFU denominator
+# The shapes are the planner's profiles (calibration_fit.MEASURED_MODELS, which the fit reads the results
+# with); beside them, what a profile leaves out: the position range and RoPE base, and GPT-2's dropout.
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-_LLAMA3 = dict(vocab_size=128256, max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=500000.0)
-# name: (model family, config overrides); sizes follow GPT-2 small and Llama 3.2 1B and 3B.
-MODELS = {
-    "gpt2-124m": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=2048, vocab_size=50257, **NO_DROPOUT)),
-    "llama-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                               num_key_value_heads=8, **_LLAMA3)),
-    "llama-3b": ("llama", dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-                               num_key_value_heads=8, **_LLAMA3)),
-    # Qwen2.5-0.5B's shape as a Llama (FFN 5.4x hidden, where the others have 4x or 2.7x)
-    "qwen-0.5b": ("llama", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                                num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096,
-                                tie_word_embeddings=True, rope_theta=1000000.0)),
-    "llama-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                               num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
-                               tie_word_embeddings=False, rope_theta=500000.0)),
-}
-SMOKE_MODELS = {
-    "gpt2-124m": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, vocab_size=512, **NO_DROPOUT)),
-    "llama-1b": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
-    "llama-3b": ("llama", dict(hidden_size=96, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                               num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
-    "qwen-0.5b": ("llama", dict(hidden_size=64, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-                                num_key_value_heads=2, vocab_size=512, max_position_embeddings=256)),
-    "llama-8b": ("llama", dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
-                               tie_word_embeddings=False)),
+_LLAMA3 = dict(max_position_embeddings=4096, rope_theta=500000.0)
+MODELS: dict[str, tuple[ModelProfile, dict]] = {name: (MEASURED_MODELS[name], extra) for name, extra in {
+    "gpt2-124m": NO_DROPOUT,
+    "llama-1b": _LLAMA3,
+    "llama-3b": _LLAMA3,
+    "qwen-0.5b": dict(max_position_embeddings=4096, rope_theta=1000000.0),
+    "llama-8b": dict(max_position_embeddings=8192, rope_theta=500000.0),
+}.items()}
+_SMALL = dict(max_position_embeddings=256)
+SMOKE_MODELS: dict[str, tuple[ModelProfile, dict]] = {
+    "gpt2-124m": (ModelProfile("gpt2-smoke", 2, 64, 4, 4, 256, 512, True, gated_mlp=False, max_positions=256),
+                  NO_DROPOUT),
+    "llama-1b": (ModelProfile("llama-1b-smoke", 2, 64, 4, 2, 128, 512, False), _SMALL),
+    "llama-3b": (ModelProfile("llama-3b-smoke", 3, 96, 4, 2, 128, 512, False), _SMALL),
+    "qwen-0.5b": (ModelProfile("qwen-0.5b-smoke", 2, 64, 4, 2, 352, 512, False), _SMALL),
+    "llama-8b": (ModelProfile("llama-8b-smoke", 2, 128, 4, 2, 256, 512, False), dict(max_position_embeddings=512)),
 }
 
 
@@ -119,13 +117,14 @@ MATRICES = {
 }
 
 
-def build_model(family: str, overrides: dict, out: Path) -> int:
+def build_model(profile: ModelProfile, extra: dict, out: Path) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from tunewright_jobs.tiny import build_tokenizer
 
-    config = (GPT2Config if family == "gpt2" else LlamaConfig)(**overrides)
+    fields = hf_config(profile)
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields, **extra)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init is slow on the CPU
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
@@ -140,11 +139,6 @@ def write_dataset(path: Path, n: int, words_per_example: int) -> None:
     with path.open("w") as fh:
         for _ in range(n):
             fh.write(json.dumps({"text": " ".join(rng.choice(vocab) for _ in range(words_per_example))}) + "\n")
-
-
-def model_flops_per_token(params: int, layers: int, hidden: int, seq: int, method: str) -> float:
-    """REFERENCE.md: 6Ψ + 12·L·h·s for full fine-tuning, 4Ψ + 12·L·h·s for LoRA (no weight gradients)."""
-    return (6 if method == "full" else 4) * params + 12 * layers * hidden * seq
 
 
 PROFILED_STEPS = 3  # the last steps of a run: the communication-share window
@@ -196,7 +190,7 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
     steps_ = [r for r in records if r["event"] == "step"][WARMUP_STEPS:steps - PROFILED_STEPS]
     comm = [r for r in records if r["event"] == "comm"]
     tokens_per_second = statistics.median(r["tokens_per_second"] for r in steps_)
-    flops = model_flops_per_token(info["params"], info["layers"], info["hidden"], seq_len, run.method)
+    flops = info["profile"].flops_per_token(seq_len, run.method)
     row.update({
         "params": info["params"],
         "tokens_per_second": tokens_per_second,
@@ -206,7 +200,7 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
         "optimizer_seconds_median": statistics.median(r["optimizer_seconds"] for r in steps_),
         "peak_memory_gib": max(r.get("peak_memory_gib", 0.0) for r in steps_),
         "peak_memory_reserved_gib": max(r.get("peak_memory_reserved_gib", 0.0) for r in steps_),
-        "mfu": tokens_per_second / run.gpus * flops / 989e12,  # H200 dense bf16 datasheet peak
+        "mfu": tokens_per_second / run.gpus * flops / PEAK_FLOPS,
         "steps_measured": len(steps_),
     })
     if comm:
@@ -217,9 +211,6 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
 
 def predictions(runs: list[Run], measured_json: Path | None) -> str:
     """Markdown: the planner's prediction for each run on H200s, and the measurement where there is one."""
-    from tunewright_operator.planner import calibration
-    from tunewright_operator.planner.estimate import Layout, Workload, estimate
-
     cal, gpu = calibration.load()
     measured = {}
     if measured_json is not None:
@@ -227,21 +218,22 @@ def predictions(runs: list[Run], measured_json: Path | None) -> str:
     lines = ["| run | predicted tok/s/GPU | measured | error | predicted peak GiB | measured | predicted comm "
              "(total / exposed) | measured |", "|---|---|---|---|---|---|---|---|"]
     for run in runs:
-        model = calibration.MEASURED_MODELS[run.model]
-        shard = {"fsdp": run.gpus, "hsdp": run.hsdp_shard}.get(run.strategy, 1)
-        w = Workload(model, run.method, run.seq_len, run.micro_batch * run.gpus, steps=1)
-        layout = Layout(run.strategy, run.gpus, 1, run.micro_batch, 1, run.activation_checkpointing, shard,
-                        run.cpu_offload)
-        e = estimate(w, layout, calibration.measured_pool(gpu, run.gpus), cal)
+        w, layout = run_setup(run._asdict())
+        e = estimate(w, layout, measured_pool(gpu, run.gpus), cal)
         speed = w.tokens_per_step / e.step_seconds / run.gpus
         m = measured.get(run.name)
         got = (f"{m['tokens_per_second_per_gpu']:,.0f} | {speed / m['tokens_per_second_per_gpu'] - 1:+.1%} | "
                if m else "not run | | ")
         mem = f"{m['peak_memory_gib']:.1f}" if m else ""
         comm = f"{m['comm_share']:.1%} / {m['comm_share_exposed']:.1%}" if m and "comm_share" in m else ""
-        lines.append(f"| {run.name} | {speed:,.0f} | {got}{e.peak_memory_bytes / 2**30:.1f} | {mem} | "
+        lines.append(f"| {run.name} | {speed:,.0f} | {got}{e.peak_memory_bytes / GIB:.1f} | {mem} | "
                      f"{e.comm_share:.1%} / {e.exposed_comm_share:.1%} | {comm} |")
     return "\n".join(lines)
+
+
+def _gpus(runs: list[Run]) -> str:
+    counts = sorted({run.gpus for run in runs})
+    return f"{len(runs)} runs on {counts[0]}{f'-{counts[-1]}' if len(counts) > 1 else ''} GPU{'s' if counts[-1] > 1 else ''}"
 
 
 def main() -> int:
@@ -249,7 +241,9 @@ def main() -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--work", type=Path, default=Path("/tmp/tunewright-bench"))
     parser.add_argument("--smoke", action="store_true", help="tiny models on CPU: checks the script")
-    parser.add_argument("--matrix", choices=sorted(MATRICES), default="baseline")
+    parser.add_argument("--matrix", choices=sorted(MATRICES), default="calibration",
+                        help="the runs: " + "; ".join(f"{name} ({_gpus(runs)})" for name, runs in MATRICES.items())
+                        + " (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--only", nargs="*", help="run names (or prefixes) to run, of the matrix")
     parser.add_argument("--predict", action="store_true",
@@ -269,14 +263,12 @@ def main() -> int:
 
     models = {}
     needed = {run.model for run in runs}
-    for name, (family, overrides) in (SMOKE_MODELS if args.smoke else MODELS).items():
+    for name, (profile, extra) in (SMOKE_MODELS if args.smoke else MODELS).items():
         if name not in needed:
             continue
         path = args.work / name
-        params = build_model(family, overrides, path)
-        layers = overrides.get("n_layer") or overrides["num_hidden_layers"]
-        hidden = overrides.get("n_embd") or overrides["hidden_size"]
-        models[name] = {"path": path, "params": params, "layers": layers, "hidden": hidden}
+        params = build_model(profile, extra, path)
+        models[name] = {"path": path, "params": params, "profile": profile}
         print(f"built {name}: {params / 1e6:.0f}M parameters", flush=True)
 
     import torch

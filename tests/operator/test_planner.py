@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tunewright_operator.planner import calibration
+from tunewright_operator.planner import calibration, calibration_fit
 from tunewright_operator.planner.estimate import (
     Layout,
     Workload,
@@ -112,7 +112,7 @@ def test_profiles_from_config_json_and_lookup():
 # --- calibration against measurement -----------------------------------------------------------------
 
 def test_committed_calibration_is_the_fit_of_the_committed_measurements():
-    fitted, gpu = calibration.fit(calibration.load_measurements(MEASURED), GPUS["H200"])
+    fitted, gpu = calibration_fit.fit(calibration_fit.load_measurements(MEASURED), GPUS["H200"])
     for field in ("logits_bytes_per_vocab", "lora_traffic_bytes_per_hidden", "seconds_per_layer",
                   "cpu_adam_seconds_per_param", "host_seconds_per_lora_module_recompute"):
         assert getattr(fitted, field) == pytest.approx(getattr(CAL, field), rel=1e-6)
@@ -121,8 +121,8 @@ def test_committed_calibration_is_the_fit_of_the_committed_measurements():
 
 
 def test_prediction_error_on_measured_runs_within_targets():
-    rows = calibration.compare(calibration.load_measurements(MEASURED), CAL, H200)
-    stats = calibration.summary(rows)
+    rows = calibration_fit.compare(calibration_fit.load_measurements(MEASURED), CAL, H200)
+    stats = calibration_fit.summary(rows)
     assert len(rows) >= 12 and sum(not r["fit_set"] for r in rows) >= 8
     assert stats["median_abs_step_error_held_out"] <= 0.10
     assert stats["median_abs_memory_error_held_out"] <= 0.05
@@ -133,14 +133,14 @@ def test_choosing_among_measured_layouts_costs_at_most_five_percent():
     """Regret: for each workload measured in several layouts, the layout the model ranks fastest is within
     5% of the fastest measured."""
     groups: dict[tuple, list] = {}
-    for m in calibration.load_measurements(MEASURED):
+    for m in calibration_fit.load_measurements(MEASURED):
         groups.setdefault((m.workload.model.name, m.workload.method, m.layout.gpus), []).append(m)
     checked = 0
     for runs in groups.values():
         if len(runs) < 2:
             continue
         def predicted(m):
-            e = estimate(m.workload, m.layout, calibration.measured_pool(H200, m.layout.gpus), CAL)
+            e = estimate(m.workload, m.layout, calibration_fit.measured_pool(H200, m.layout.gpus), CAL)
             return m.workload.tokens_per_step / e.step_seconds
         chosen = max(runs, key=predicted)
         best = max(r.tokens_per_second for r in runs)

@@ -5,7 +5,7 @@ model states by strategy (REFERENCE.md table, as the runtime actually stores the
 move to host memory, reported apart), activations per micro-batch, logits and loss. Time per optimizer
 step is split into matrix-product time, memory-bound time, exposed communication, exposed host copies and
 the optimizer step (the host's when offloaded). The constants that kernels decide (bytes kept or moved per
-token, efficiencies) live in `Calibration`, fitted to measured runs (calibration.py).
+token, efficiencies) live in `Calibration`, fitted to measured runs (calibration_fit.py).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class Calibration:
-    """Constants that kernels decide, fitted on measured runs of the smallest models (calibration.py).
+    """Constants that kernels decide, fitted on measured runs of the smallest models (calibration_fit.py).
 
     Every strategy runs the same mixed-precision path (FSDP2: fp32 master, bf16 compute), so the rates
     depend on the model family alone.
@@ -219,7 +219,6 @@ def collective_seconds(nbytes: float, ranks: int, factor: float, link) -> float:
 class Collectives:
     shard_seconds: float  # all-gathers and reduce-scatters in the shard group, every micro-batch
     replica_seconds: float  # the all-reduce across replicas, once per step (last micro-batch's backward)
-    link: str  # the slowest link they cross
 
 
 def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
@@ -235,8 +234,7 @@ def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
     per_micro = (2 * collective_seconds(BF16 * w.model.params, g, (g - 1) / g, shard_link)
                  + collective_seconds(FP32 * trainable, g, (g - 1) / g, shard_link))
     replica = collective_seconds(FP32 * trainable / g, replicas, 2 * (replicas - 1) / replicas, world_link)
-    link = world_link if replicas > 1 else shard_link
-    return Collectives(per_micro * layout.grad_accum, replica, link.name if g > 1 or replicas > 1 else "")
+    return Collectives(per_micro * layout.grad_accum, replica)
 
 
 def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:

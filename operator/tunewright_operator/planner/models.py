@@ -85,6 +85,19 @@ def from_hf_config(name: str, config: dict) -> ModelProfile:
         raise ValueError(f"model config.json of {name} lacks {missing}: cannot profile it") from None
 
 
+def hf_config(profile: ModelProfile) -> dict:
+    """The config.json shape fields of a profile (GPT-2 or Llama layout): `from_hf_config` reads them back."""
+    p = profile
+    if not p.gated_mlp:
+        return {"model_type": "gpt2", "n_layer": p.layers, "n_embd": p.hidden, "n_head": p.heads,
+                "vocab_size": p.vocab, "n_positions": p.max_positions,
+                **({"n_inner": p.ffn} if p.ffn != 4 * p.hidden else {})}
+    return {"model_type": "llama", "num_hidden_layers": p.layers, "hidden_size": p.hidden,
+            "num_attention_heads": p.heads, "num_key_value_heads": p.kv_heads, "intermediate_size": p.ffn,
+            "vocab_size": p.vocab, "tie_word_embeddings": p.tied_embeddings,
+            **({"head_dim": p.head_dim} if p.head_dim_override else {})}
+
+
 def _llama(name, layers, hidden, heads, kv, ffn, vocab, tied=False, head_dim=0):
     return ModelProfile(name, layers, hidden, heads, kv, ffn, vocab, tied, head_dim_override=head_dim)
 
