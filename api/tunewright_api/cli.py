@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -26,8 +25,8 @@ import yaml
 from tunewright_api.states import TERMINAL
 
 
-class ApiError(RuntimeError):
-    pass
+class RequestFailed(RuntimeError):
+    """The API answered with an error, or could not be reached (the message says which, for a human)."""
 
 
 class Client:
@@ -39,14 +38,14 @@ class Client:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as err:
-            raise ApiError(f"cannot reach the API at {self.http.base_url}: {err}") from None
+            raise RequestFailed(f"cannot reach the API at {self.http.base_url}: {err}") from None
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]
                 where = f" ({error['param']})" if error.get("param") else ""
-                raise ApiError(f"{response.status_code}{where}: {error['message']}")
+                raise RequestFailed(f"{response.status_code}{where}: {error['message']}")
             except (ValueError, KeyError):
-                raise ApiError(f"{response.status_code}: {response.text[:500]}") from None
+                raise RequestFailed(f"{response.status_code}: {response.text[:500]}") from None
         return response.json() if response.content else {}
 
     def upload(self, path: Path) -> dict:
@@ -83,11 +82,12 @@ def plan_text(answer: dict) -> str:
     plan, p = answer["plan"], answer["plan"]["predicted"]
     lines = [f"{answer['model']['name']} ({answer['model']['parameters'] / 1e9:.2f}B) on pool {answer['pool']}",
              f"plan:      {plan['strategy']} on {plan['gpus']} GPUs ({plan['nodes']} node(s)), micro-batch "
-             f"{plan['micro_batch']} x {plan['grad_accum']}"
-             f"{', activation checkpointing' if plan['activation_checkpointing'] else ''}",
-             f"predicted: {p['peak_memory_gib']:.1f} GiB/GPU, step {p['step_seconds']:.3f} s, "
-             f"{p['tokens_per_second']:,.0f} tokens/s, MFU {p['mfu']:.0%}, communication {p['comm_share']:.0%} "
-             f"({p['exposed_comm_share']:.0%} exposed), {p['duration_seconds'] / 3600:.2f} h, ${p['cost_usd']:,.2f}",
+             f"{plan['microBatch']} x {plan['gradAccum']}"
+             f"{', activation checkpointing' if plan['activationCheckpointing'] else ''}"
+             f"{', CPU offload' if plan['cpuOffload'] else ''}",
+             f"predicted: {p['peakMemoryGiB']:.1f} GiB/GPU, step {p['stepSeconds']:.3f} s, "
+             f"{p['tokensPerSecond']:,.0f} tokens/s, MFU {p['mfu']:.0%}, communication {p['commShare']:.0%} "
+             f"({p['exposedCommShare']:.0%} exposed), {p['durationSeconds'] / 3600:.2f} h, ${p['costUSD']:,.2f}",
              f"why:       {plan['explanation']}"]
     lines += [f"rejected:  {r['strategy']}: {r['reason']}" for r in plan["rejected"]]
     return "\n".join(lines)
@@ -101,12 +101,7 @@ def progress_line(job: dict) -> str:
     bar = "#" * filled + "-" * (width - filled)
     loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
     speed = f"{p['tokensPerSecond']:,.0f}" if p.get("tokensPerSecond") else "-"
-    eta = "-"
-    if total and step and job.get("started_at"):
-        started = datetime.fromisoformat(job["started_at"])
-        started = started if started.tzinfo else started.replace(tzinfo=UTC)  # SQLite keeps no zone
-        per_step = max((datetime.now(UTC) - started).total_seconds(), 0) / step
-        eta = f"{per_step * (total - step):.0f}s"
+    eta = f"{p['etaSeconds']:.0f}s" if p.get("etaSeconds") is not None else "-"
     line = f"{job['status']:9} [{bar}] step {step}/{total or '?'}  loss {loss}  tokens/s {speed}  ETA {eta}"
     measured = job.get("telemetry") or {}
     if measured.get("mfu") is not None:
@@ -232,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         else:  # watch
             job = watch(client, args.job_id)
             return 0 if job["status"] == "succeeded" else 1
-    except ApiError as err:
+    except RequestFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(json.dumps(result, indent=2))

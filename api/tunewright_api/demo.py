@@ -21,7 +21,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from tunewright_api.cli import ApiError, Client, watch
+from tunewright_api.cli import Client, RequestFailed, watch
 
 DEMO_SPEC = {
     "method": {"type": "lora", "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
@@ -53,7 +53,7 @@ def wait_healthy(client: Client, server: subprocess.Popen, timeout: float = 60) 
         try:
             client.request("GET", "/healthz")
             return
-        except ApiError:
+        except RequestFailed:
             if server.poll() is not None or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
@@ -120,7 +120,7 @@ def main() -> int:
         print("\n=== tunewright demo: LoRA fine-tune through the REST API, on local Ray ===")
         print(summary(job, metrics))
         return 0
-    except ApiError as err:
+    except RequestFailed as err:
         print(f"error: {err}\n(API log: {out / 'api.log'})", file=sys.stderr)
         return 1
     finally:

@@ -10,10 +10,9 @@ from sqlmodel import Session
 
 from tunewright_api import errors
 from tunewright_api.auth import issue_token
-from tunewright_api.backends import Backend
-from tunewright_api.backends.local import LocalBackend
+from tunewright_api.backends import make_backend
 from tunewright_api.db import make_engine, migrate
-from tunewright_api.routes import files, fine_tuning, health, jobs, pools, tokens
+from tunewright_api.routes import files, fine_tuning, health, jobs, pools, telemetry, tokens
 from tunewright_api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -30,7 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.admin_token:
             with Session(engine) as session:
                 issue_token(session, "admin", "bootstrap", admin=True, token=settings.admin_token)
-        backend: Backend = LocalBackend(settings, engine)
+        backend = make_backend(settings, engine)
         app.state.settings, app.state.engine, app.state.backend = settings, engine, backend
         backend.start()
         yield
@@ -41,7 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
     errors.install(app)
     for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
-                   jobs.internal):
+                   telemetry.router):
         app.include_router(router)
     return app
 

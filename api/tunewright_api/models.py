@@ -8,10 +8,11 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic import Field as PydanticField
-from sqlalchemy import JSON, Column
-from sqlmodel import Field, SQLModel
+from sqlalchemy import JSON, Column, UniqueConstraint
+from sqlmodel import Field, Session, SQLModel
 
-from tunewright_api.telemetry import measured
+from tunewright_api.telemetry import measured, progress
+from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry
 
 
 def now() -> datetime:
@@ -94,7 +95,7 @@ class Job(SQLModel, table=True):
     status: str = Field(default="queued", index=True)
     model: str
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
-    plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # a JobPlan, camelCase
     config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     error_code: str | None = None
@@ -114,8 +115,16 @@ class Job(SQLModel, table=True):
     run_dir: str = ""
     pid: int | None = None
 
-    def telemetry(self) -> dict[str, Any]:
-        return measured(self.plan, self.comm, self.tokens_per_second, self.started_at, self.finished_at, now())
+    @property
+    def job_plan(self) -> JobPlan | None:
+        return JobPlan.model_validate(self.plan) if self.plan else None
+
+    def progress(self) -> JobProgress:
+        return progress(self.status, self.step, self.total_steps, self.loss, self.tokens_per_second,
+                        self.trained_tokens, self.started_at, now())
+
+    def telemetry(self) -> JobTelemetry:
+        return measured(self.job_plan, self.comm, self.tokens_per_second, self.started_at, self.finished_at, now())
 
 
 class JobPublic(SQLModel):
@@ -127,20 +136,18 @@ class JobPublic(SQLModel):
     started_at: datetime | None
     finished_at: datetime | None
     spec: dict[str, Any]
-    plan: dict[str, Any] | None
-    progress: dict[str, Any]
-    telemetry: dict[str, Any]
+    plan: JobPlan | None
+    progress: JobProgress
+    telemetry: JobTelemetry
     result: dict[str, Any] | None
     error: dict[str, str] | None
 
     @classmethod
     def of(cls, job: Job) -> JobPublic:
-        progress = {"step": job.step, "totalSteps": job.total_steps, "loss": job.loss,
-                    "tokensPerSecond": job.tokens_per_second, "trainedTokens": job.trained_tokens}
         error = {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
         return cls(id=job.id, status=job.status, model=job.model, created_at=job.created_at,
-                   started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=job.plan,
-                   progress=progress, telemetry=job.telemetry(), result=job.result, error=error)
+                   started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=job.job_plan,
+                   progress=job.progress(), telemetry=job.telemetry(), result=job.result, error=error)
 
 
 class JobEvent(SQLModel, table=True):
@@ -153,12 +160,31 @@ class JobEvent(SQLModel, table=True):
     data: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
+def add_event(session: Session, job: Job, message: str, level: str = "info", type_: str = "message",
+              data: dict | None = None) -> None:
+    """Record what happened to a job (committed with the caller's transaction)."""
+    session.add(JobEvent(job_id=job.id, message=message, level=level, type=type_, data=data))
+
+
 class MetricPoint(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True)
     step: int = Field(index=True)
     time: float
     data: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+
+
+class Checkpoint(SQLModel, table=True):
+    """A committed checkpoint, as the runtime registered it (its store knows where it lives)."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id", index=True)
+    step: int
+    uri: str
+    train_loss: float | None = None
+    created_at: datetime = Field(default_factory=now)
 
 
 class ListEnvelope(SQLModel):

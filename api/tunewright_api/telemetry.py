@@ -1,4 +1,8 @@
-"""A job's measured telemetry, beside the plan's predictions (DESIGN.md, telemetry): pure functions.
+"""What workers report, and a job's progress and measured telemetry beside the plan's predictions: pure.
+
+The records are the runtime's contract (`tunewright_jobs.telemetry` defines what it emits); these models
+are what the API accepts of them, with bounds, and a contract test holds the two together. Fields the API
+does not use are ignored, so a newer runtime's additions do not break an older API.
 
 Communication share comes from the runtime's profiler windows (`comm` records). MFU and cost are derived
 with the plan's own definitions, so that measured and predicted compare exactly: MFU scales with tokens/s
@@ -8,21 +12,144 @@ price per second (GPUs x price per GPU-hour).
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry
+
+MAX_STEP = 10**9
+MAX_RECORDS_PER_BATCH = 1000
+Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
+Count = Annotated[int, Field(ge=0, le=10**15)]
 
 
-def measured(plan: dict | None, comm: dict | None, tokens_per_second: float | None, started_at: datetime | None,
-             finished_at: datetime | None, now: datetime) -> dict:
+def _finite_or_none(value):
+    """A diverged run reports NaN or infinity (the runtime's JSON allows them; SQL JSON does not): kept as null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+# a measured value that may have diverged
+Measured = Annotated[Annotated[float, Field(ge=-1e12, le=1e12)] | None, BeforeValidator(_finite_or_none)]
+Share = Annotated[float, Field(ge=0, le=1)]
+Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    step: Step
+    time: Annotated[float, Field(ge=0, le=1e11)] = 0.0  # UNIX seconds when the runtime emitted it
+
+
+class StartRecord(_Record):
+    event: Literal["start"]
+    total_steps: Annotated[int, Field(gt=0, le=MAX_STEP)]
+
+
+class StepRecord(_Record):
+    """One logged window of optimizer steps (one step when logging every step)."""
+
+    event: Literal["step"]
+    epoch: Step = 0
+    loss: Measured
+    learning_rate: Measured
+    grad_norm: Measured
+    tokens: Count
+    tokens_per_second: Annotated[float, Field(ge=0, le=1e12)]
+    step_seconds: Seconds
+    data_seconds: Seconds
+    forward_backward_seconds: Seconds
+    optimizer_seconds: Seconds
+    peak_memory_gib: Annotated[float, Field(ge=0, le=1e6)] | None = None
+    peak_memory_reserved_gib: Annotated[float, Field(ge=0, le=1e6)] | None = None
+
+    def metrics(self) -> dict:
+        """What a metrics point keeps: everything but the envelope."""
+        return self.model_dump(exclude={"event", "step", "time"}, exclude_none=True)
+
+
+class CommRecord(_Record):
+    """A profiler window's communication share (DESIGN.md, telemetry definitions)."""
+
+    event: Literal["comm"]
+    profiled_steps: Annotated[int, Field(gt=0, le=MAX_STEP)]
+    profiled_step_seconds: Seconds
+    comm_share: Share
+    comm_share_exposed: Share
+    comm_seconds_per_step: Seconds
+    exposed_comm_seconds_per_step: Seconds
+    comm_share_max_rank: Share
+    comm_share_exposed_max_rank: Share
+
+
+class EvalRecord(_Record):
+    event: Literal["eval"]
+    val_loss: Measured
+    val_token_accuracy: Share
+    exact_match: Share | None = None
+    exact_match_examples: Count | None = None
+
+
+class CheckpointRecord(_Record):
+    """A checkpoint committed by the runtime's store; the store keeps only the newest `keep_last`."""
+
+    event: Literal["checkpoint"]
+    uri: Annotated[str, Field(min_length=1, max_length=4096)]
+    train_loss: Measured = None
+    keep_last: Annotated[int, Field(gt=0, le=10**6)]
+
+
+class Export(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    adapter: Annotated[str, Field(max_length=4096)] | None = None
+    merged: Annotated[str, Field(max_length=4096)] | None = None
+    model: Annotated[str, Field(max_length=4096)] | None = None
+
+
+class EndRecord(_Record):
+    """The run's result (what it also writes to result.json): kept whole, bounded by the batch size."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    event: Literal["end"]
+    final_loss: Measured = None
+    export: Export = Field(default_factory=Export)
+
+
+TelemetryRecord = Annotated[StartRecord | StepRecord | CommRecord | EvalRecord | CheckpointRecord | EndRecord,
+                            Field(discriminator="event")]
+
+
+class TelemetryBatch(BaseModel):
+    records: Annotated[list[TelemetryRecord], Field(max_length=MAX_RECORDS_PER_BATCH)]
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite drops the zone
+
+
+def progress(status: str, step: int, total_steps: int | None, loss: float | None, tokens_per_second: float | None,
+             trained_tokens: int, started_at: datetime | None, now: datetime) -> JobProgress:
+    eta = None
+    if status == "running" and total_steps and step and started_at is not None:
+        per_step = (now - _aware(started_at)).total_seconds() / step
+        eta = max(0.0, per_step * (total_steps - step))
+    return JobProgress(step=step, total_steps=total_steps, loss=loss, tokens_per_second=tokens_per_second,
+                       trained_tokens=trained_tokens, eta_seconds=eta)
+
+
+def measured(plan: JobPlan | None, comm: dict | None, tokens_per_second: float | None, started_at: datetime | None,
+             finished_at: datetime | None, now: datetime) -> JobTelemetry:
     comm = comm or {}
-    out = {"commShare": comm.get("comm_share"), "commShareExposed": comm.get("comm_share_exposed"),
-           "commShareMaxRank": comm.get("comm_share_max_rank"), "commMeasuredAtStep": comm.get("step"),
-           "mfu": None, "costUSD": None}
-    predicted = (plan or {}).get("predicted")
-    if not predicted:
-        return out  # CPU runs: no plan, no peak FLOP/s, no price
-    if tokens_per_second and predicted.get("tokens_per_second"):
-        out["mfu"] = predicted["mfu"] * tokens_per_second / predicted["tokens_per_second"]
-    if started_at is not None and predicted.get("duration_seconds"):
-        held = ((finished_at or now) - started_at).total_seconds()
-        out["costUSD"] = max(0.0, held) * predicted["cost_usd"] / predicted["duration_seconds"]
+    out = JobTelemetry(comm_share=comm.get("comm_share"), comm_share_exposed=comm.get("comm_share_exposed"),
+                       comm_share_max_rank=comm.get("comm_share_max_rank"), comm_measured_at_step=comm.get("step"))
+    predicted = plan.predicted if plan else None
+    if predicted is None:
+        return out  # CPU runs: no peak FLOP/s, no price
+    if tokens_per_second and predicted.tokens_per_second:
+        out.mfu = predicted.mfu * tokens_per_second / predicted.tokens_per_second
+    if started_at is not None and predicted.duration_seconds:
+        held = (_aware(finished_at or now) - _aware(started_at)).total_seconds()
+        out.cost_usd = max(0.0, held) * predicted.cost_usd / predicted.duration_seconds
     return out

@@ -5,6 +5,8 @@ trainable parameters only: for LoRA that is the adapter), the scheduler, every r
 the trainer state (optimizer steps done; the data position follows from it). A checkpoint becomes
 visible only once every file is written: Ray Train registers it after the upload, the directory store
 renames a finished `.partial` folder, so a crash mid-write never leaves one a resume would pick up.
+Both stores keep step N in `<storage>/<job name>/step_XXXXXXXX`; `CheckpointStore.location` says where, so
+that nothing else needs to know the layout.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ _TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True)
 # Loading trainable parameters only leaves the frozen ones "missing" for load_state_dict; a trainable one
 # absent from the checkpoint still fails, inside dcp.load.
 _LOAD_TRAINABLE = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
 
 
 def rng_state() -> dict:
@@ -75,9 +81,13 @@ def read_checkpoint(path: Path, model, optimizer, scheduler, dist: Dist) -> dict
 
 
 class CheckpointStore(Protocol):
-    def save(self, step: int, metrics: dict, write: Callable[[Path], None]) -> None: ...
+    def save(self, step: int, metrics: dict, write: Callable[[Path], None]) -> None:
+        """Collective: every rank writes its part; returns once the checkpoint is complete in the store."""
 
     def latest(self) -> contextlib.AbstractContextManager[Path | None]: ...
+
+    def location(self, step: int) -> str:
+        """Where the committed checkpoint of `step` lives: a path, or a URI for remote storage."""
 
 
 class DirectoryCheckpointStore:
@@ -106,8 +116,7 @@ class DirectoryCheckpointStore:
         write(partial)
         self.dist.barrier()
         if self.dist.is_main:
-            (partial / "metrics.json").write_text(json.dumps(metrics))
-            final = self.root / f"step_{step:08d}"
+            final = self.root / step_dir_name(step)
             if final.exists():  # same step saved again (e.g. final save after a periodic one)
                 shutil.rmtree(final)
             partial.rename(final)
@@ -120,10 +129,20 @@ class DirectoryCheckpointStore:
         steps = self._steps()
         yield steps[-1] if steps else None
 
+    def location(self, step: int) -> str:
+        return str(self.root / step_dir_name(step))
+
 
 class RayCheckpointStore:
     """Checkpoints reported to Ray Train, which uploads each rank's files into one folder of the run's storage
-    and restores the newest one when the run (same name and storage) starts again."""
+    and restores the newest one when the run (same name and storage) starts again.
+
+    `storage` and `name` are the run's `RunConfig(storage_path, name)`: Ray Train (v2) persists a checkpoint
+    reported as `checkpoint_dir_name` in `<storage_path>/<name>/<checkpoint_dir_name>`.
+    """
+
+    def __init__(self, storage: str, name: str, dist: Dist):
+        self.storage, self.name, self.dist = storage, name, dist
 
     def save(self, step: int, metrics: dict, write: Callable[[Path], None]) -> None:
         import ray.train
@@ -131,7 +150,9 @@ class RayCheckpointStore:
         with tempfile.TemporaryDirectory(prefix="tunewright-ckpt-") as tmp:
             write(Path(tmp))
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=f"step_{step:08d}")
+                             checkpoint_dir_name=step_dir_name(step))
+        # Each rank's report returns once its own files are uploaded: complete when every rank's are.
+        self.dist.barrier()
 
     @contextlib.contextmanager
     def latest(self) -> Iterator[Path | None]:
@@ -143,3 +164,6 @@ class RayCheckpointStore:
             return
         with checkpoint.as_directory() as path:
             yield Path(path)
+
+    def location(self, step: int) -> str:
+        return f"{self.storage.rstrip('/')}/{self.name}/{step_dir_name(step)}"

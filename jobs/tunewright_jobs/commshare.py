@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from tunewright_jobs.config import ProfileConfig
+from tunewright_jobs.telemetry import CommRecord
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +109,9 @@ def _trace_events(prof) -> list[TraceEvent]:
 class CommProfiler:
     """Profiles `cfg.steps` steps starting at `first_step`, then every `every_steps` (0: once).
 
-    Call `begin(step)` before a step and `end(step)` after it; `end` returns the ranks' shares when a
-    window closes (every rank must call it: the shares are averaged across ranks), else None. A window
-    opens only where it can close before `total_steps`.
+    Call `begin(step)` before a step and `end(step)` after it; `end` returns the ranks' shares as a `comm`
+    record when a window closes (every rank must call it: the shares are averaged across ranks), else None.
+    A window opens only where it can close before `total_steps`.
     """
 
     def __init__(self, cfg: ProfileConfig, dist, total_steps: int):
@@ -137,7 +138,7 @@ class CommProfiler:
         self._prof.start()
         self._opened, self._window_start = step, time.perf_counter()
 
-    def end(self, step: int) -> dict | None:
+    def end(self, step: int) -> CommRecord | None:
         if self._prof is None or step + 1 - self._opened < self.cfg.steps:
             return None
         self._sync()
@@ -158,10 +159,10 @@ class CommProfiler:
         means = [v / n for v in self.dist.all_reduce_sum(
             [share.total, share.exposed, share.comm_seconds / steps, share.exposed_seconds / steps])]
         peaks = self.dist.all_reduce_max([share.total, share.exposed])
-        return {"profiled_steps": steps, "profiled_step_seconds": window / steps,
-                "comm_share": means[0], "comm_share_exposed": means[1],
-                "comm_seconds_per_step": means[2], "exposed_comm_seconds_per_step": means[3],
-                "comm_share_max_rank": peaks[0], "comm_share_exposed_max_rank": peaks[1]}
+        return CommRecord(step=step + 1, profiled_steps=steps, profiled_step_seconds=window / steps,
+                          comm_share=means[0], comm_share_exposed=means[1],
+                          comm_seconds_per_step=means[2], exposed_comm_seconds_per_step=means[3],
+                          comm_share_max_rank=peaks[0], comm_share_exposed_max_rank=peaks[1])
 
     def _sync(self) -> None:
         if self.dist.device.type == "cuda":

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
+StrategyType = Literal["single", "ddp", "fsdp", "hsdp"]
 
 
 class ConfigError(ValueError):
@@ -99,7 +100,7 @@ class Hyperparameters(_Strict):
 
 
 class StrategyConfig(_Strict):
-    type: Literal["single", "ddp", "fsdp", "hsdp"] = "single"
+    type: StrategyType = "single"
     num_workers: PositiveInt = 1
     use_gpu: bool = False
     micro_batch_size: PositiveInt = 1

@@ -1,4 +1,4 @@
-"""Datasets: JSONL reading and validation, chat templates, loss masks, packing, deterministic batches.
+"""Datasets: chat templates, loss masks, packing, deterministic batches (files are read by `dataset_files`).
 
 A token is *trainable* when the model should learn to predict it: assistant turns (chat), the
 completion (prompt_completion), everything (text). Labels are stored already shifted, so that
@@ -9,19 +9,18 @@ predicts the first token of the next.
 from __future__ import annotations
 
 import bisect
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+
+# Files are read apart, free of numpy, for the API's validator; the names stay importable from here.
+from tunewright_jobs.dataset_files import DatasetError, read_jsonl  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-MAX_REPORTED_ERRORS = 20
-CHAT_ROLES = {"system", "user", "assistant", "tool"}
 
 # Used when a tokenizer has no chat template of its own: ChatML, prefix-stable, ends each turn with a
 # marker the model learns to emit (so generation knows where an answer stops).
@@ -31,76 +30,6 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be used; the message names the file, the line and the reason."""
-
-
-# --- reading and validating --------------------------------------------------------------------------
-
-
-def _check_chat(record: dict) -> str | None:
-    messages = record.get("messages")
-    if not isinstance(messages, list) or not messages:
-        return '"messages" must be a non-empty list'
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict):
-            return f"messages[{i}] must be an object"
-        if msg.get("role") not in CHAT_ROLES:
-            return f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}, got {msg.get('role')!r}"
-        if not isinstance(msg.get("content"), str):
-            return f"messages[{i}].content must be a string"
-    if not any(m["role"] == "assistant" for m in messages):
-        return "no assistant message: nothing to learn from"
-    return None
-
-
-def _check_prompt_completion(record: dict) -> str | None:
-    if not isinstance(record.get("prompt"), str):
-        return '"prompt" must be a string'
-    if not isinstance(record.get("completion"), str) or not record["completion"]:
-        return '"completion" must be a non-empty string'
-    return None
-
-
-def _check_text(record: dict) -> str | None:
-    if not isinstance(record.get("text"), str) or not record["text"]:
-        return '"text" must be a non-empty string'
-    return None
-
-
-_CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text}
-
-
-def read_jsonl(path: str | Path, fmt: str) -> list[dict]:
-    """Every record of a JSONL file, or a DatasetError listing the first bad lines."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
-    check = _CHECKS[fmt]
-    records, errors = [], []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                problem = "must be a JSON object" if not isinstance(record, dict) else check(record)
-            except json.JSONDecodeError as err:
-                problem = f"not valid JSON ({err.msg} at column {err.colno})"
-            if problem:
-                errors.append(f"{path}:{lineno}: {problem}")
-            else:
-                records.append(record)
-            if len(errors) >= MAX_REPORTED_ERRORS:
-                errors.append("(stopped after the first errors)")
-                break
-    if errors:
-        raise DatasetError(f"dataset rejected (format {fmt}):\n  " + "\n  ".join(errors))
-    if not records:
-        raise DatasetError(f"{path}: no examples")
-    return records
 
 
 # --- tokenizing --------------------------------------------------------------------------------------

@@ -14,36 +14,37 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from tunewright_jobs.config import JobConfig
 from tunewright_jobs.parallel import Dist
+from tunewright_jobs.telemetry import ExportPaths
 
 
-def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> dict[str, str]:
-    """Collective: every rank calls it. Returns the exported paths (on rank 0)."""
+def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
+    """Collective: every rank calls it. Returns the exported paths (on rank 0; none on the others)."""
     lora = cfg.method.type == "lora"
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora)
     )
     if not dist.is_main:
-        return {}
+        return ExportPaths()
     final = Path(cfg.output_dir) / "final"
     staging = final.with_name("final.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    paths = {}
+    exported = []  # folder names, as ExportPaths names them
     if lora:
         model.save_pretrained(staging / "adapter", state_dict=state)
         tokenizer.save_pretrained(staging / "adapter")
-        paths["adapter"] = "adapter"
+        exported.append("adapter")
         if cfg.checkpoint.export_merged:
             merge_adapter(cfg, staging / "adapter", staging / "merged")
             tokenizer.save_pretrained(staging / "merged")
-            paths["merged"] = "merged"
+            exported.append("merged")
     else:
         model.save_pretrained(staging / "model", state_dict=state)
         tokenizer.save_pretrained(staging / "model")
-        paths["model"] = "model"
+        exported.append("model")
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
-    return {k: str(final / v) for k, v in paths.items()}
+    return ExportPaths(**{name: str(final / name) for name in exported})
 
 
 def merge_adapter(cfg: JobConfig, adapter_dir: Path, out_dir: Path) -> None:

@@ -1,6 +1,6 @@
-"""Metrics: one small sink interface, a JSONL file sink, and a step-phase timer.
+"""Metrics: one small sink interface, a JSONL file sink, an HTTP sink, and a step-phase timer.
 
-Records are flat JSON objects with an `event` field ("start", "step", "eval", "end"). Only rank 0 emits.
+Sinks take the typed records of `telemetry.py` and write them as flat JSON objects. Only rank 0 emits.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from typing import Protocol
 
 import torch
 
+from tunewright_jobs.telemetry import TelemetryRecord
+
 log = logging.getLogger(__name__)
 
+
 class MetricsSink(Protocol):
-    def emit(self, record: dict) -> None: ...
+    def emit(self, record: TelemetryRecord) -> None: ...
 
     def close(self) -> None: ...
 
@@ -45,17 +48,20 @@ class JsonlSink:
 
     def _truncate_after(self, step: int) -> None:
         kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+                if line.strip() and json.loads(line)["step"] <= step]
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, self.path)
 
-    def emit(self, record: dict) -> None:
-        self._fh.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+    def emit(self, record: TelemetryRecord) -> None:
+        self._fh.write(json.dumps(record.model_dump(mode="json")) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()
+
+
+RETRIED_HTTP_CODES = {408, 409, 425, 429}  # client errors that a later try can pass
 
 
 class HttpSink:
@@ -77,10 +83,10 @@ class HttpSink:
         self._thread = threading.Thread(target=self._run, name="tunewright-telemetry", daemon=True)
         self._thread.start()
 
-    def emit(self, record: dict) -> None:
+    def emit(self, record: TelemetryRecord) -> None:
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
-        self._queue.append({"time": round(time.time(), 3), **record})
+        self._queue.append(record.model_dump(mode="json"))
         self._wake.set()
 
     def _post(self, records: list[dict]) -> bool:
@@ -91,6 +97,16 @@ class HttpSink:
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
                 return 200 <= response.status < 300
+        except urllib.error.HTTPError as err:
+            if 400 <= err.code < 500 and err.code not in RETRIED_HTTP_CODES:
+                # refused for good (bad token, a record the API will never accept): retrying would hold back
+                # every record behind this batch, so it is dropped and counted
+                log.warning("telemetry: the API refused %d records (%s %s): dropped", len(records), err.code,
+                            err.reason)
+                self.dropped += len(records)
+                return True
+            log.debug("telemetry post failed: %s", err)
+            return False
         except (urllib.error.URLError, OSError) as err:
             log.debug("telemetry post failed: %s", err)
             return False
@@ -124,7 +140,7 @@ class TeeSink:
     def __init__(self, *sinks: MetricsSink):
         self.sinks = sinks
 
-    def emit(self, record: dict) -> None:
+    def emit(self, record: TelemetryRecord) -> None:
         for sink in self.sinks:
             sink.emit(record)
 
@@ -136,7 +152,7 @@ class TeeSink:
 class NullSink:
     """What ranks other than 0 get."""
 
-    def emit(self, record: dict) -> None:
+    def emit(self, record: TelemetryRecord) -> None:
         pass
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ def _ray_worker(loop_config: dict) -> None:
     _configure_logging()
     cfg = JobConfig.from_json(loop_config["config"])
     dist = init_dist(cfg, device=ray.train.torch.get_device())
-    train(cfg, Runtime(dist, RayCheckpointStore()))
+    train(cfg, Runtime(dist, RayCheckpointStore(loop_config["storage"], cfg.name, dist)))
 
 
 def connect_ray() -> None:
@@ -93,14 +93,15 @@ def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
     preflight(cfg)  # bad data fails here, before any worker or GPU is requested
     connect_ray()
     st = cfg.strategy
+    storage = storage_uri(cfg.checkpoint_storage)  # resolved here: a worker's working directory differs
     trainer = TorchTrainer(
         _ray_worker,
-        train_loop_config={"config": cfg.to_json()},
+        train_loop_config={"config": cfg.to_json(), "storage": storage},
         scaling_config=ScalingConfig(num_workers=st.num_workers, use_gpu=st.use_gpu),
         torch_config=TorchConfig(backend="nccl" if st.use_gpu else "gloo"),
         run_config=RunConfig(
             name=cfg.name,
-            storage_path=storage_uri(cfg.checkpoint_storage),
+            storage_path=storage,
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
             failure_config=FailureConfig(max_failures=max_failures),
         ),

@@ -38,6 +38,15 @@ from tunewright_jobs.export import export_final
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts
 from tunewright_jobs.parallel import Dist, gradient_sync, wrap_model
+from tunewright_jobs.telemetry import (
+    CheckpointRecord,
+    EndRecord,
+    EvalMetrics,
+    EvalRecord,
+    ExportPaths,
+    StartRecord,
+    StepRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,28 +220,32 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
 
     sink = open_sink(cfg, dist, start_step)
     if start_step == 0:
-        sink.emit({"event": "start", "step": 0, "total_steps": steps, "steps_per_epoch": batches.steps_per_epoch,
-                   "strategy": cfg.strategy.type, "workers": dist.world_size, "device": dist.device.type,
-                   "micro_batch_size": plan.micro_batch_size, "grad_accum": plan.grad_accum,
-                   "global_batch_size": plan.global_batch_size, "seq_len": hp.seq_len,
-                   "parameters": total_params, "trainable_parameters": trainable_params,
-                   "train_examples": data.train_examples, "truncated_examples": data.truncated})
+        sink.emit(StartRecord(step=0, total_steps=steps, steps_per_epoch=batches.steps_per_epoch,
+                              strategy=cfg.strategy.type, workers=dist.world_size, device=dist.device.type,
+                              micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum,
+                              global_batch_size=plan.global_batch_size, seq_len=hp.seq_len,
+                              parameters=total_params, trainable_parameters=trainable_params,
+                              train_examples=data.train_examples, truncated_examples=data.truncated))
 
-    def evaluate(step: int, with_exact_match: bool) -> dict:
-        result = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
+    def evaluate(step: int, with_exact_match: bool) -> EvalMetrics:
+        scores = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
                                     tokenizer.pad_token_id, cfg.eval.max_batches)
         if with_exact_match:
             prompts, refs = answer_pairs(cfg, tokenizer, val_records)
-            result.update(exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens))
-        sink.emit({"event": "eval", "step": step, **result})
-        return result
+            scores |= exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens)
+        sink.emit(EvalRecord(step=step, **scores))
+        return EvalMetrics(**scores)
 
-    def save(step: int, metrics: dict) -> None:
+    train_loss: float | None = None  # of the last logged window
+
+    def save(step: int) -> None:
         trainer_state = {"step": step, "epoch": step // batches.steps_per_epoch,
                          "step_in_epoch": step % batches.steps_per_epoch, "total_steps": steps,
                          "world_size": dist.world_size, "config_name": cfg.name}
-        runtime.checkpoints.save(step, metrics, lambda p: ckpt.write_checkpoint(
+        runtime.checkpoints.save(step, {"step": step, "loss": train_loss}, lambda p: ckpt.write_checkpoint(
             p, model, optimizer, scheduler, trainer_state, dist))
+        sink.emit(CheckpointRecord(step=step, uri=runtime.checkpoints.location(step), train_loss=train_loss,
+                                   keep_last=cfg.checkpoint.keep_last))
 
     eval_before = evaluate(0, cfg.eval.exact_match) if val_rows is not None and start_step == 0 else None
 
@@ -240,7 +253,6 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     profiler = CommProfiler(cfg.metrics.profile, dist, steps)
     window: list[StepStats] = []
     window_start, data_seconds = time.perf_counter(), 0.0
-    last_record: dict = {}
     for step in range(start_step, steps):
         t0 = time.perf_counter()
         epoch, batch = batches.step_rows(step)
@@ -248,29 +260,31 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         profiler.begin(step)
         window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, timer))
         done = step + 1
-        if (shares := profiler.end(step)) is not None:
-            sink.emit({"event": "comm", "step": done, **shares})
+        if (comm := profiler.end(step)) is not None:
+            sink.emit(comm)
 
         if done % cfg.metrics.log_every_steps == 0 or done == steps:
-            last_record = summarize_window(window, timer.collect(), data_seconds,
-                                           time.perf_counter() - window_start, dist)
-            sink.emit({"event": "step", "step": done, "epoch": epoch, **last_record})
+            record = summarize_window(done, epoch, window, timer.collect(), data_seconds,
+                                      time.perf_counter() - window_start, dist)
+            sink.emit(record)
+            train_loss = record.loss
             window, window_start, data_seconds = [], time.perf_counter(), 0.0
         if val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and done < steps:
             evaluate(done, with_exact_match=False)
         if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps:
-            save(done, {"step": done, "loss": last_record.get("loss")})
+            save(done)
 
     eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
-    exported = {}
+    exported = ExportPaths()
     if cfg.checkpoint.final:
-        save(steps, {"step": steps, "loss": last_record.get("loss")})
+        save(steps)
         exported = export_final(cfg, model, tokenizer, dist)
-    result = {"steps": steps, "final_loss": last_record.get("loss"), "eval_before": eval_before,
-              "eval_after": eval_after, "export": exported, "strategy": cfg.strategy.type,
-              "workers": dist.world_size, "resumed_from_step": start_step}
-    sink.emit({"event": "end", "step": steps, **{k: v for k, v in result.items() if k != "eval_before"}})
+    end = EndRecord(step=steps, steps=steps, final_loss=train_loss, eval_before=eval_before, eval_after=eval_after,
+                    export=exported, strategy=cfg.strategy.type, workers=dist.world_size,
+                    resumed_from_step=start_step)
+    sink.emit(end)
     sink.close()
+    result = end.model_dump(mode="json")
     if dist.is_main:
         (Path(cfg.output_dir) / "result.json").write_text(json.dumps(result, indent=2))
     return result
@@ -285,25 +299,26 @@ def open_sink(cfg: JobConfig, dist: Dist, start_step: int) -> MetricsSink:
     return TeeSink(file_sink, HttpSink(cfg.metrics.endpoint, os.environ.get("TUNEWRIGHT_TELEMETRY_TOKEN")))
 
 
-def summarize_window(window: list[StepStats], phases: dict[str, float], data_seconds: float, wall: float,
-                     dist: Dist) -> dict:
-    """Metrics over the steps since the last log (one step when logging every step)."""
+def summarize_window(step: int, epoch: int, window: list[StepStats], phases: dict[str, float],
+                     data_seconds: float, wall: float, dist: Dist) -> StepRecord:
+    """The `step` record of the steps since the last log (one step when logging every step)."""
     loss_sum = torch.stack([s.loss_sum for s in window]).sum().item()
     (loss_sum,) = dist.all_reduce_sum([loss_sum])
     targets = sum(s.targets for s in window)
     tokens = sum(s.tokens for s in window)
-    record = {
-        "loss": loss_sum / max(targets, 1),
-        "learning_rate": window[-1].lr,
-        "grad_norm": window[-1].grad_norm.item(),
-        "tokens": tokens,
-        "tokens_per_second": tokens / wall,
-        "step_seconds": wall / len(window),
-        "data_seconds": data_seconds / len(window),
-        "forward_backward_seconds": phases.get("forward_backward", 0.0) / len(window),
-        "optimizer_seconds": phases.get("optimizer", 0.0) / len(window),
-    }
-    if dist.device.type == "cuda":
-        record["peak_memory_gib"] = torch.cuda.max_memory_allocated(dist.device) / 2**30
-        record["peak_memory_reserved_gib"] = torch.cuda.max_memory_reserved(dist.device) / 2**30
-    return record
+    cuda = dist.device.type == "cuda"
+    return StepRecord(
+        step=step,
+        epoch=epoch,
+        loss=loss_sum / max(targets, 1),
+        learning_rate=window[-1].lr,
+        grad_norm=window[-1].grad_norm.item(),
+        tokens=tokens,
+        tokens_per_second=tokens / wall,
+        step_seconds=wall / len(window),
+        data_seconds=data_seconds / len(window),
+        forward_backward_seconds=phases.get("forward_backward", 0.0) / len(window),
+        optimizer_seconds=phases.get("optimizer", 0.0) / len(window),
+        peak_memory_gib=torch.cuda.max_memory_allocated(dist.device) / 2**30 if cuda else None,
+        peak_memory_reserved_gib=torch.cuda.max_memory_reserved(dist.device) / 2**30 if cuda else None,
+    )

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tunewright_jobs.data import DatasetError, read_jsonl
+from tunewright_jobs.dataset_files import DatasetError, read_jsonl
 
 FORMAT_KEYS = (("messages", "chat"), ("completion", "prompt_completion"), ("prompt", "prompt_completion"),
                ("text", "text"))

@@ -1,4 +1,4 @@
-"""FineTuneJob spec + chosen layout → the training runtime's job config (a plain dict).
+"""FineTuneJob spec + its JobPlan → the training runtime's job config (a plain dict).
 
 The operator does not import the runtime (its config is the runtime's own contract); a contract test
 parses what this emits with the runtime's loader.
@@ -6,11 +6,10 @@ parses what this emits with the runtime's loader.
 
 from __future__ import annotations
 
-from tunewright_operator.planner.estimate import Layout
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 
-def runtime_config(spec: FineTuneJobSpec, layout: Layout, use_gpu: bool, *, name: str, output_dir: str, train: str,
+def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_dir: str, train: str,
                    validation: str | None, checkpoint_storage: str | None = None,
                    metrics_path: str | None = None, telemetry_endpoint: str | None = None) -> dict:
     """`train`/`validation` are what the workers read (uploaded file ids resolved to paths by the caller)."""
@@ -18,18 +17,18 @@ def runtime_config(spec: FineTuneJobSpec, layout: Layout, use_gpu: bool, *, name
     hyperparameters = {
         "learning_rate": hp.learning_rate, "seq_len": hp.seq_len, "warmup_ratio": hp.warmup_ratio,
         "weight_decay": hp.weight_decay, "seed": hp.seed,
-        # the layout fixes the global batch; a batch given in the spec was an input to choosing it
-        "global_batch_size": layout.micro_batch * layout.grad_accum * layout.gpus,
+        # the plan fixes the global batch; a batch given in the spec was an input to choosing it
+        "global_batch_size": plan.global_batch_size,
+        "epochs": hp.epochs,
     }
     if hp.max_steps is not None:
         hyperparameters["max_steps"] = hp.max_steps
-    hyperparameters["epochs"] = hp.epochs or 1
-    strategy = {"type": layout.strategy, "num_workers": layout.gpus, "use_gpu": use_gpu,
-                "micro_batch_size": layout.micro_batch, "grad_accum": layout.grad_accum,
-                "activation_checkpointing": layout.activation_checkpointing}
-    if layout.strategy == "hsdp":
-        strategy["hsdp_shard_size"] = layout.shard_group
-    if layout.cpu_offload:
+    strategy = {"type": plan.strategy, "num_workers": plan.workers, "use_gpu": plan.device == "gpu",
+                "micro_batch_size": plan.micro_batch, "grad_accum": plan.grad_accum,
+                "activation_checkpointing": plan.activation_checkpointing}
+    if plan.strategy == "hsdp":
+        strategy["hsdp_shard_size"] = plan.shard_group
+    if plan.cpu_offload:
         strategy["cpu_offload"] = True
     config = {
         "name": name,
@@ -49,19 +48,3 @@ def runtime_config(spec: FineTuneJobSpec, layout: Layout, use_gpu: bool, *, name
                  "max_new_tokens": spec.evaluation.max_new_tokens},
     }
     return config
-
-
-DEFAULT_GLOBAL_BATCH = 16  # sequences per step when the spec leaves it to us
-
-
-def global_batch(spec: FineTuneJobSpec) -> int:
-    """Sequences per step: what the spec asks for (tokens converted at its sequence length), or the default."""
-    hp = spec.hyperparameters
-    if hp.global_batch_size is not None:
-        return hp.global_batch_size
-    if hp.global_batch_tokens is not None:
-        if hp.global_batch_tokens % hp.seq_len:
-            raise ValueError(f"hyperparameters.globalBatchTokens: {hp.global_batch_tokens} is not a multiple of "
-                             f"seqLen ({hp.seq_len})")
-        return hp.global_batch_tokens // hp.seq_len
-    return DEFAULT_GLOBAL_BATCH

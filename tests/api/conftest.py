@@ -28,8 +28,8 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path, **settings):
-        self.port = free_port()
+    def __init__(self, data_dir: Path, port: int | None = None, **settings):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings = Settings(data_dir=data_dir, admin_token=ADMIN, public_url=self.url, **settings)
         self.app = create_app(self.settings)

@@ -1,5 +1,7 @@
 """Schema migrations: the newest revision is exactly the models, and upgrading keeps the data."""
 
+import json
+
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlmodel import Session, SQLModel, select
@@ -34,3 +36,48 @@ def test_an_upgrade_keeps_the_data(database_url, tmp_path):
         assert session.exec(select(Tenant.name)).all() == ["kept"]
         assert session.exec(select(GpuPool)).all() == []  # the new table exists
     engine.dispose()
+
+
+OLD_GPU_PLAN = {"strategy": "fsdp", "workers": 2, "useGPU": True, "microBatch": 4, "gradAccum": 2, "cpuOffload": False,
+                "explanation": "local pool (2 x H200): ...",
+                "predicted": {"peak_memory_gib": 30.5, "step_seconds": 0.5, "matmul_seconds": 0.3,
+                              "memory_bound_seconds": 0.1, "optimizer_seconds": 0.05, "comm_seconds": 0.05,
+                              "exposed_comm_seconds": 0.01, "offload_seconds": 0.0, "exposed_offload_seconds": 0.0,
+                              "host_memory_gib_per_node": 0.0, "comm_share": 0.1, "exposed_comm_share": 0.02,
+                              "mfu": 0.4, "tokens_per_second": 5e4, "duration_seconds": 60.0, "cost_usd": 0.26,
+                              "memory_breakdown_gib": {"activations": 10.0}},
+                "rejected": [{"strategy": "single", "gpus": 1, "reason": "slower"}]}
+OLD_CPU_PLAN = {"strategy": "ddp", "workers": 2, "useGPU": False, "microBatch": 4, "gradAccum": 1,
+                "explanation": "local pool: ddp on 2 CPU workers"}
+
+
+def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
+    """0004 rewrites the hand-built plan dicts of earlier releases as the typed, camelCase JobPlan."""
+    from sqlalchemy import text
+
+    from tunewright_api.models import Job
+    from tunewright_operator.spec import JobPlan
+
+    engine = make_engine(url_for(database_url, tmp_path))
+    migrate(engine, "0003")
+    with Session(engine) as session:
+        tenant, _ = issue_token(session, "old")
+        tenant_id = tenant.id
+    insert = text("INSERT INTO job (id, tenant_id, status, model, spec, plan, config, created_at, step, "
+                  "trained_tokens, telemetry_token_hash, run_dir) VALUES (:id, :tenant, 'succeeded', 'm', '{}', "
+                  ":plan, :config, '2026-11-30 12:00:00', 0, 0, '', '')")
+    with engine.begin() as connection:
+        for job_id, plan, config in [
+            ("ftjob-gpu", OLD_GPU_PLAN, {"strategy": {"activation_checkpointing": True}}),
+            ("ftjob-cpu", OLD_CPU_PLAN, None),
+        ]:
+            connection.execute(insert, {"id": job_id, "tenant": tenant_id, "plan": json.dumps(plan),
+                                        "config": json.dumps(config)})
+    migrate(engine)
+    with Session(engine) as session:
+        gpu, cpu = session.get(Job, "ftjob-gpu").job_plan, session.get(Job, "ftjob-cpu").job_plan
+    engine.dispose()
+    assert isinstance(gpu, JobPlan) and (gpu.device, gpu.gpus, gpu.shard_group) == ("gpu", 2, 2)
+    assert gpu.activation_checkpointing and gpu.predicted.peak_memory_gib == 30.5 and gpu.predicted.cost_usd == 0.26
+    assert gpu.rejected[0].reason == "slower"
+    assert (cpu.device, cpu.workers, cpu.gpus, cpu.predicted, cpu.micro_batch) == ("cpu", 2, 0, None, 4)

@@ -1,13 +1,20 @@
-"""Measured telemetry beside the plan's predictions: the derivations are the plan's own definitions."""
+"""Progress and measured telemetry beside the plan's predictions: the derivations are the plan's own."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tunewright_api.telemetry import measured
+from tunewright_api.telemetry import measured, progress
+from tunewright_operator.spec import JobPlan
 
 START = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-PLAN = {"predicted": {"mfu": 0.40, "tokens_per_second": 100_000.0, "duration_seconds": 3600.0, "cost_usd": 32.0}}
+PREDICTED = {"peakMemoryGiB": 40, "stepSeconds": 1.0, "matmulSeconds": 0.6, "memoryBoundSeconds": 0.3,
+             "optimizerSeconds": 0.1, "commSeconds": 0.1, "exposedCommSeconds": 0.0, "offloadSeconds": 0,
+             "exposedOffloadSeconds": 0, "hostMemoryGiBPerNode": 0, "commShare": 0.1, "exposedCommShare": 0,
+             "mfu": 0.40, "tokensPerSecond": 100_000.0, "durationSeconds": 3600.0, "costUSD": 32.0,
+             "memoryBreakdownGiB": {}}
+PLAN = JobPlan.model_validate({"pool": "h200", "strategy": "ddp", "workers": 8, "gpus": 8, "microBatch": 4,
+                               "gradAccum": 1, "explanation": "test", "predicted": PREDICTED})
 COMM = {"step": 200, "comm_share": 0.12, "comm_share_exposed": 0.03, "comm_share_max_rank": 0.15}
 
 
@@ -18,10 +25,24 @@ COMM = {"step": 200, "comm_share": 0.12, "comm_share_exposed": 0.03, "comm_share
     (PLAN, COMM, 80_000.0, START + timedelta(minutes=15), {"mfu": 0.32, "costUSD": 8.0}),
     # nothing measured yet
     (PLAN, None, None, None, {"mfu": None, "costUSD": 16.0, "commShare": None}),
-    # a CPU job has no plan predictions: no MFU or cost, communication still measured
+    # a CPU job has no predictions: no MFU or cost, communication still measured
     (None, COMM, 5_000.0, None, {"mfu": None, "costUSD": None, "commShare": 0.12, "commMeasuredAtStep": 200}),
 ])
 def test_measured_beside_predicted(plan, comm, tokens_per_second, finished, expected):
     got = measured(plan, comm, tokens_per_second, START, finished, now=START + timedelta(minutes=30))
+    wire = got.model_dump(by_alias=True)
     for key, value in expected.items():
-        assert got[key] == (pytest.approx(value) if value is not None else None), key
+        assert wire[key] == (pytest.approx(value) if value is not None else None), key
+
+
+@pytest.mark.parametrize(("status", "step", "total", "started", "eta"), [
+    ("running", 10, 40, START, 30 * 60 * 3.0),  # 30 min for 10 steps: 90 min for the 30 left
+    ("running", 0, 40, START, None),  # no step done: no pace yet
+    ("succeeded", 40, 40, START, None),  # only running jobs have an ETA
+    ("running", 10, None, START, None),  # total unknown until the run starts counting
+    ("running", 10, 40, START.replace(tzinfo=None), 30 * 60 * 3.0),  # SQLite gives naive UTC times back
+])
+def test_progress_and_eta(status, step, total, started, eta):
+    got = progress(status, step, total, 1.5, 900.0, 12345, started, now=START + timedelta(minutes=30))
+    assert got.model_dump(by_alias=True) == {"step": step, "totalSteps": total, "loss": 1.5, "tokensPerSecond": 900.0,
+                                             "trainedTokens": 12345, "etaSeconds": eta}

@@ -4,19 +4,26 @@ import pytest
 
 from tunewright_jobs.config import JobConfig
 from tunewright_operator.jobconfig import runtime_config
-from tunewright_operator.planner.estimate import Layout
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 
-@pytest.mark.parametrize("layout", [
-    Layout("single", 1, 1, 4, 2, False),
-    Layout("ddp", 8, 1, 2, 4, False),
-    Layout("fsdp", 8, 1, 1, 8, True, shard_group=8),
-    Layout("hsdp", 16, 2, 1, 4, True, shard_group=8),
-    Layout("hsdp", 32, 4, 4, 2, True, shard_group=8, cpu_offload=True),
+def layout(strategy, gpus, nodes, micro, accum, checkpointing, shard_group=1, cpu_offload=False) -> JobPlan:
+    return JobPlan(pool="p", strategy=strategy, workers=gpus, gpus=gpus, nodes=nodes, micro_batch=micro,
+                   grad_accum=accum, activation_checkpointing=checkpointing, shard_group=shard_group,
+                   cpu_offload=cpu_offload, explanation="test")
+
+
+@pytest.mark.parametrize("plan", [
+    layout("single", 1, 1, 4, 2, False),
+    layout("ddp", 8, 1, 2, 4, False),
+    layout("fsdp", 8, 1, 1, 8, True, shard_group=8),
+    layout("hsdp", 16, 2, 1, 4, True, shard_group=8),
+    layout("hsdp", 32, 4, 4, 2, True, shard_group=8, cpu_offload=True),
+    JobPlan(pool="local", device="cpu", strategy="ddp", workers=2, gpus=0, micro_batch=4, grad_accum=1,
+            explanation="cpu"),
 ])
 @pytest.mark.parametrize("method", ["lora", "full"])
-def test_emitted_config_parses_and_keeps_the_layout(layout, method):
+def test_emitted_config_parses_and_keeps_the_plan(plan, method):
     spec = FineTuneJobSpec.model_validate({
         "model": {"source": "hf://Qwen/Qwen2.5-7B", "revision": "main"},
         "method": {"type": method, "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "targetModules": ["q_proj", "v_proj"]}},
@@ -24,14 +31,15 @@ def test_emitted_config_parses_and_keeps_the_layout(layout, method):
         "hyperparameters": {"epochs": 3, "learningRate": 1e-5, "seqLen": 4096, "warmupRatio": 0.1, "seed": 7},
         "checkpoint": {"storage": "s3://bucket/ckpt", "everySteps": 100},
     })
-    emitted = runtime_config(spec, layout, True, name="ftjob-abc", output_dir="/out", train="/data/train.jsonl",
+    emitted = runtime_config(spec, plan, name="ftjob-abc", output_dir="/out", train="/data/train.jsonl",
                              validation="/data/valid.jsonl")
     cfg = JobConfig.from_dict(emitted)
-    plan = cfg.batch_plan()
-    assert (cfg.strategy.type, cfg.strategy.num_workers, plan.micro_batch_size, plan.grad_accum) == (
-        layout.strategy, layout.gpus, layout.micro_batch, layout.grad_accum)
-    assert cfg.strategy.hsdp_shard_size == (layout.shard_group if layout.strategy == "hsdp" else None)
-    assert cfg.strategy.cpu_offload == layout.cpu_offload
+    batches = cfg.batch_plan()
+    assert (cfg.strategy.type, cfg.strategy.num_workers, batches.micro_batch_size, batches.grad_accum) == (
+        plan.strategy, plan.workers, plan.micro_batch, plan.grad_accum)
+    assert cfg.strategy.use_gpu == (plan.device == "gpu")
+    assert cfg.strategy.hsdp_shard_size == (plan.shard_group if plan.strategy == "hsdp" else None)
+    assert cfg.strategy.cpu_offload == plan.cpu_offload
     assert cfg.method.type == method and cfg.method.lora.target_modules == ["q_proj", "v_proj"]
     assert cfg.hyperparameters.epochs == 3 and cfg.hyperparameters.seq_len == 4096
     assert cfg.checkpoint.storage == "s3://bucket/ckpt" and cfg.checkpoint.every_steps == 100

@@ -1,11 +1,11 @@
 """Job configs pointing at the tiny models (tests/conftest.py builds them once per session)."""
 
 import copy
-import json
 import os
 from pathlib import Path
 
 from tunewright_jobs.config import JobConfig
+from tunewright_jobs.telemetry import TelemetryRecord, read_records
 from tunewright_jobs.tiny import DATA_DIR
 
 
@@ -45,9 +45,9 @@ def write_config(path: Path, cfg: JobConfig) -> Path:
     return path
 
 
-def metrics(cfg: JobConfig, event: str = "step") -> list[dict]:
-    lines = Path(cfg.metrics_path).read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["event"] == event]
+def metrics(cfg: JobConfig, event: str = "step") -> list[TelemetryRecord]:
+    """The run's records of one kind (reading parses every record, so each run checks the contract)."""
+    return [r for r in read_records(cfg.metrics_path) if r.event == event]
 
 
 def python_path() -> str:

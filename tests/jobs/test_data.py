@@ -1,10 +1,13 @@
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.jobs.conftest import python_path
 from tunewright_jobs import tiny
 from tunewright_jobs.data import (
     IGNORE_INDEX,
@@ -200,3 +203,15 @@ def test_validate_reports_line_numbers_and_undetectable_files(tmp_path):
     assert result["format"] == "text" and result["errors"][0].endswith('data.jsonl:2: "text" must be a non-empty string')
     assert "cannot tell the format" in validate(write(tmp_path, [{"foo": 1}]), "auto")["errors"][0]
     assert main([str(write(tmp_path, ["{bad"])), "--format", "text"]) == 1
+
+
+def test_validator_runs_without_numpy_torch_or_transformers():
+    """The API runs it at upload in its own environment, which has none of the training stack."""
+    code = ("import sys\n"
+            "sys.modules['numpy'] = sys.modules['torch'] = sys.modules['transformers'] = None  # import fails\n"
+            "from tunewright_jobs.validate import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny.DATA_DIR / "train.jsonl")], capture_output=True,
+                          text=True, env={"PYTHONPATH": python_path()}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"format": "chat", "examples": 800}

@@ -5,6 +5,7 @@ same loss and the same gradient norm (the gradient averaged over ranks, scaled b
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,18 +32,18 @@ def ray_cluster():
 
 def assert_same_first_step(cfg, reference):
     got, want = metrics(cfg)[0], metrics(reference)[0]
-    assert got["loss"] == pytest.approx(want["loss"], rel=1e-5)
-    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
-    assert got["tokens"] == want["tokens"]  # tokens counted over the global batch, not one rank
+    assert got.loss == pytest.approx(want.loss, rel=1e-5)
+    assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-4)
+    assert got.tokens == want.tokens  # tokens counted over the global batch, not one rank
 
 
 def assert_measured_comm_share(cfg):
     """The profiled window (steps 3-4 by default) saw collectives on every rank, some of them exposed."""
     (record,) = metrics(cfg, "comm")
-    assert record["step"] == 4 and record["profiled_steps"] == 2
-    assert 0 < record["comm_share"] <= record["comm_share_max_rank"] <= 1
-    assert 0 < record["comm_share_exposed"] <= record["comm_share"]
-    assert record["comm_seconds_per_step"] < record["profiled_step_seconds"]
+    assert record.step == 4 and record.profiled_steps == 2
+    assert 0 < record.comm_share <= record.comm_share_max_rank <= 1
+    assert 0 < record.comm_share_exposed <= record.comm_share
+    assert record.comm_seconds_per_step < record.profiled_step_seconds
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def single_lora(tiny_models, tmp_path_factory):
     cfg = make_config(tiny_models["gpt2"], tmp_path_factory.mktemp("single-lora"), hyperparameters={"max_steps": 4})
     train_without_ray(cfg)
     (alone,) = metrics(cfg, "comm")  # one process: nothing to communicate
-    assert alone["comm_share"] == alone["comm_share_exposed"] == 0
+    assert alone.comm_share == alone.comm_share_exposed == 0
     return cfg
 
 
@@ -83,6 +84,12 @@ def test_ray_fsdp_full(tiny_models, tmp_path, single_full):
     result = train_with_ray(cfg, max_failures=0)
     assert_same_first_step(cfg, single_full)
     assert AutoModelForCausalLM.from_pretrained(result["export"]["model"]).config.model_type == "llama"
+    # The records say where Ray Train put each checkpoint, and its training loss (Ray keeps no metrics.json).
+    checkpoints = metrics(cfg, "checkpoint")
+    assert [c.step for c in checkpoints] == [2, 4]
+    for record in checkpoints:
+        assert math.isfinite(record.train_loss)
+        assert (Path(record.uri) / "trainer_state.json").exists()
 
 
 def test_ray_run_resumes_from_its_storage(tiny_models, tmp_path):
@@ -96,7 +103,7 @@ def test_ray_run_resumes_from_its_storage(tiny_models, tmp_path):
                          checkpoint={"every_steps": 2})
     result = train_with_ray(longer, max_failures=0)
     assert result["resumed_from_step"] == 4
-    assert [r["step"] for r in metrics(longer)] == list(range(1, 8))
+    assert [r.step for r in metrics(longer)] == list(range(1, 8))
 
 
 def run_torchrun(cfg, tmp_path, nproc: int):

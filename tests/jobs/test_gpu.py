@@ -35,7 +35,7 @@ def test_lora_bf16_on_one_gpu(tiny_models, tmp_path):
     result = train_without_ray(cfg)
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
     steps = metrics(cfg)
-    assert all(r["peak_memory_gib"] > 0 for r in steps)
+    assert all(r.peak_memory_gib > 0 for r in steps)
     assert (Path(result["export"]["adapter"]) / "adapter_model.safetensors").exists()
 
 
@@ -50,7 +50,7 @@ def test_cpu_offload_trains_like_the_gpu_resident_run(tiny_models, tmp_path, sin
                       hyperparameters={"max_steps": 20, "learning_rate": 2e-3}, strategy={"cpu_offload": True})
     result = train_without_ray(cfg)
     got, want = metrics(cfg), metrics(reference)
-    assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-2), (got[0], want[0])
+    assert got[0].loss == pytest.approx(want[0].loss, rel=1e-2), (got[0], want[0])
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"], result
 
 
@@ -70,7 +70,7 @@ def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got, want = metrics(cfg), metrics(reference)
-    assert got[0]["loss"] == pytest.approx(want[0]["loss"], rel=1e-2)  # bf16 compute
-    assert got[-1]["loss"] < 0.5 * got[0]["loss"]
+    assert got[0].loss == pytest.approx(want[0].loss, rel=1e-2)  # bf16 compute
+    assert got[-1].loss < 0.5 * got[0].loss
     (comm,) = metrics(cfg, "comm")  # NCCL kernels seen by the profiler on both ranks
-    assert 0 < comm["comm_share_exposed"] <= comm["comm_share"] < 1
+    assert 0 < comm.comm_share_exposed <= comm.comm_share < 1

@@ -34,13 +34,18 @@ def test_lora_learns_the_task(tiny_models, tmp_path):
     assert after["val_loss"] < 0.5 * before["val_loss"]
     assert after["val_token_accuracy"] > before["val_token_accuracy"] + 0.5
     steps = metrics(cfg)
-    assert [r["step"] for r in steps] == list(range(1, 41))
-    assert steps[-1]["loss"] < 0.5 * steps[0]["loss"]
+    assert [r.step for r in steps] == list(range(1, 41))
+    assert steps[-1].loss < 0.5 * steps[0].loss
     for record in steps:
-        assert record["tokens"] > 0 and record["tokens_per_second"] > 0 and record["grad_norm"] >= 0
-        assert record["forward_backward_seconds"] > 0 and record["optimizer_seconds"] > 0
+        assert record.tokens > 0 and record.tokens_per_second > 0 and record.grad_norm >= 0
+        assert record.forward_backward_seconds > 0 and record.optimizer_seconds > 0
     start = metrics(cfg, "start")[0]
-    assert start["trainable_parameters"] < start["parameters"] / 4
+    assert start.trainable_parameters < start.parameters / 4
+    (checkpoint,) = metrics(cfg, "checkpoint")  # the final one
+    assert (checkpoint.step, checkpoint.train_loss) == (40, steps[-1].loss)
+    assert (Path(checkpoint.uri) / "trainer_state.json").exists()
+    (end,) = metrics(cfg, "end")
+    assert end.model_dump(mode="json") == result == json.loads((Path(cfg.output_dir) / "result.json").read_text())
 
 
 def test_full_fine_tuning_learns_with_checkpointing(tiny_models, tmp_path):
@@ -63,9 +68,9 @@ def test_gradient_accumulation_matches_one_big_micro_batch(tiny_models, tmp_path
     train_without_ray(one)
     train_without_ray(split)
     first_a, first_b = metrics(one)[0], metrics(split)[0]
-    assert first_b["loss"] == pytest.approx(first_a["loss"], rel=1e-6)
-    assert first_b["grad_norm"] == pytest.approx(first_a["grad_norm"], rel=1e-5)
-    assert [r["loss"] for r in metrics(split)] == pytest.approx([r["loss"] for r in metrics(one)], rel=1e-2)
+    assert first_b.loss == pytest.approx(first_a.loss, rel=1e-6)
+    assert first_b.grad_norm == pytest.approx(first_a.grad_norm, rel=1e-5)
+    assert [r.loss for r in metrics(split)] == pytest.approx([r.loss for r in metrics(one)], rel=1e-2)
 
 
 def test_exported_adapter_reloads_and_reproduces_outputs(tiny_models, tmp_path):
@@ -132,22 +137,22 @@ def test_killed_run_resumes_with_no_step_repeated_or_skipped(tiny_models, tmp_pa
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    steps_before = [r["step"] for r in metrics(killed)]
+    steps_before = [r.step for r in metrics(killed)]
     assert 15 <= steps_before[-1] < 150  # killed mid-way, possibly after a few more steps
 
     resumed = run_cli(path)
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read().decode()
     result = json.loads((Path(killed.output_dir) / "result.json").read_text())
     assert result["resumed_from_step"] >= 15 and result["resumed_from_step"] % 5 == 0
-    assert [r["step"] for r in metrics(killed)] == list(range(1, 151))
+    assert [r.step for r in metrics(killed)] == list(range(1, 151))
 
     straight = make_config(tiny_models["gpt2"], tmp_path / "straight", **overrides)
     train_without_ray(straight)
     a, b = adapter_weights(killed), adapter_weights(straight)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-6, rtol=1e-5)
-    losses = {r["step"]: r["loss"] for r in metrics(killed)}
-    assert losses == pytest.approx({r["step"]: r["loss"] for r in metrics(straight)}, rel=1e-5)
+    losses = {r.step: r.loss for r in metrics(killed)}
+    assert losses == pytest.approx({r.step: r.loss for r in metrics(straight)}, rel=1e-5)
 
 
 def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
@@ -159,5 +164,5 @@ def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
     train_without_ray(single)
     result = train_without_ray(sharded)
     assert result["strategy"] == "fsdp"
-    assert metrics(sharded)[0]["loss"] == pytest.approx(metrics(single)[0]["loss"], rel=1e-6)
-    assert metrics(sharded)[0]["grad_norm"] == pytest.approx(metrics(single)[0]["grad_norm"], rel=1e-5)
+    assert metrics(sharded)[0].loss == pytest.approx(metrics(single)[0].loss, rel=1e-6)
+    assert metrics(sharded)[0].grad_norm == pytest.approx(metrics(single)[0].grad_norm, rel=1e-5)

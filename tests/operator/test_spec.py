@@ -1,12 +1,11 @@
 import pytest
 from pydantic import ValidationError
 
-from tunewright_operator.jobconfig import DEFAULT_GLOBAL_BATCH, global_batch
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
-from tunewright_operator.planner.jobs import layout_of, plan_job, workload
+from tunewright_operator.planner.jobs import plan_job, workload
 from tunewright_operator.planner.models import CATALOG
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_operator.spec import DEFAULT_GLOBAL_BATCH, FineTuneJobSpec, JobPlan
 
 SPEC = {
     "model": {"source": "hf://meta-llama/Llama-3.1-8B"},
@@ -24,9 +23,9 @@ def test_camel_case_on_the_wire():
     dumped = spec.model_dump(by_alias=True, exclude_none=True)
     assert dumped["resources"]["maxGPUs"] == 8 and dumped["hyperparameters"]["globalBatchTokens"] == 131072
     assert FineTuneJobSpec.model_validate(dumped) == spec
-    assert global_batch(spec) == 64
+    assert spec.hyperparameters.sequences_per_step == 64
     unset = FineTuneJobSpec.model_validate({**SPEC, "hyperparameters": {"maxSteps": 5}})
-    assert global_batch(unset) == DEFAULT_GLOBAL_BATCH
+    assert unset.hyperparameters.sequences_per_step == DEFAULT_GLOBAL_BATCH
 
 
 @pytest.mark.parametrize(("patch", "field"), [
@@ -34,6 +33,8 @@ def test_camel_case_on_the_wire():
     ({"resources": {"maxGPUs": 0}}, ("resources", "maxGPUs")),
     ({"hyperparameters": {"seqLen": -1}}, ("hyperparameters", "seqLen")),
     ({"surprise": True}, ("surprise",)),
+    ({"hyperparameters": {"globalBatchTokens": 1000, "seqLen": 512}}, ("hyperparameters",)),
+    ({"hyperparameters": {"globalBatchTokens": 4096, "globalBatchSize": 2}}, ("hyperparameters",)),
 ])
 def test_rejections_name_the_camel_case_field(patch, field):
     with pytest.raises(ValidationError) as err:
@@ -48,8 +49,18 @@ def test_a_spec_is_planned_within_its_budget_and_gpu_cap():
     pool = Pool("h100", gpu, 8, 2, LINKS["nvlink4"], LINKS["ib-8x400g"], 4.0)
     chosen = plan_job(spec, pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
     assert chosen.gpus <= 8 and chosen.predicted.cost_usd <= 500
-    layout = layout_of(chosen)
-    assert layout.micro_batch * layout.grad_accum * layout.gpus == 64
+    assert chosen.global_batch_size == 64 and chosen.pool == "h100" and chosen.workers == chosen.gpus
+
+
+def test_the_plan_is_camel_case_on_the_wire_and_round_trips():
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    cal, h200 = calibration.load()
+    pool = Pool("h200", h200, 8, 1, LINKS["nvlink4"], None, 3.5)
+    chosen = plan_job(spec, pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
+    wire = chosen.model_dump(by_alias=True)
+    assert {"microBatch", "gradAccum", "activationCheckpointing", "shardGroup", "cpuOffload"} <= wire.keys()
+    assert {"peakMemoryGiB", "stepSeconds", "costUSD", "commShare", "memoryBreakdownGiB"} <= wire["predicted"].keys()
+    assert JobPlan.model_validate(wire) == chosen
 
 
 def test_steps_come_from_epochs_and_dataset_size():

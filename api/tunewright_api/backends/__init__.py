@@ -1,14 +1,22 @@
-"""Where jobs run. `local` (this machine, processes on a local Ray) exists; `kubernetes` (FineTuneJob
-resources for the operator) comes with the operator and implements the same interface."""
+"""Where jobs run. A backend owns everything that depends on it: the pools it offers, how a job is planned
+there, what a run needs before it is queued, starting, cancelling and watching runs, and their logs.
+Routes and services know only this interface; `local` (this machine) implements it, and a `kubernetes`
+backend (FineTuneJob resources for the operator) is a new module behind the same interface.
+
+Checkpoints, metrics and the final result reach the API as telemetry records from the runtime, whatever
+the backend: nobody reads a run's files to list them.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Protocol
 
+from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from tunewright_api.models import Job
+from tunewright_api.models import Job, StoredFile
+from tunewright_api.settings import Settings
+from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 
 class Backend(Protocol):
@@ -18,11 +26,26 @@ class Backend(Protocol):
     def stop(self) -> None:
         """Stop scheduling (runs go on; a restarted API re-attaches)."""
 
-    def run_dir(self, job: Job) -> Path:
-        """Where a job's config, logs, checkpoints and output live."""
+    def pools(self) -> list[dict]:
+        """The pools this backend offers by itself (shown by GET /v1/pools before the described ones)."""
 
-    def prepare(self, job: Job, telemetry_token: str) -> None:
-        """At submission: everything the run needs, before it is queued."""
+    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
+        """How this job would run here; ApiError (422, naming the field) when it cannot."""
+
+    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
+               validation: StoredFile | None, telemetry_token: str) -> None:
+        """Everything the run needs (its runtime config, secrets, storage), in the job's transaction; the
+        job is queued when the caller commits."""
 
     def cancel(self, session: Session, job: Job) -> None:
-        """Stop a queued or running job and mark it cancelled."""
+        """Stop a queued or running job and mark it cancelled (commits)."""
+
+    def logs(self, job: Job, lines: int) -> list[str]:
+        """The last `lines` lines the run printed (empty before it starts)."""
+
+
+def make_backend(settings: Settings, engine: Engine) -> Backend:
+    from tunewright_api.backends.local import LocalBackend
+
+    backends = {"local": LocalBackend}
+    return backends[settings.backend](settings, engine)

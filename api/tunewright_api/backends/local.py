@@ -1,8 +1,10 @@
 """The local backend: each job is a separate process running the training runtime on a local Ray.
 
-A queue admits at most `max_running_jobs` at once (each takes the machine's CPUs or GPUs). Cancel ends
-the process group. When the API restarts, `reconcile` re-attaches to runs still alive and marks lost
-ones failed, so no job stays "running" forever.
+This machine is the pool: with `local_gpus` its GPUs, planned through the planner like any GPU pool;
+without, DDP over `local_workers` CPU workers (the planner models GPUs, not CPUs). A queue admits at most
+`max_running_jobs` at once (each takes the machine's CPUs or GPUs). Cancel ends the process group. When
+the API restarts, `reconcile` re-attaches to runs still alive and marks lost ones failed, so no job stays
+"running" forever.
 """
 
 from __future__ import annotations
@@ -10,22 +12,33 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from tunewright_api.models import Job, JobEvent, now
+from tunewright_api.errors import ApiError
+from tunewright_api.models import Job, StoredFile, add_event, now
+from tunewright_api.services.plans import plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import transition
+from tunewright_operator.jobconfig import runtime_config
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
+from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
+POOL = "local"
+MAX_CPU_MICRO_BATCH = 8  # sequences per forward pass on a CPU worker: more only costs memory
+JSONL_BYTES_PER_TOKEN = 4  # until the run counts, the dataset's tokens are estimated from its size
 # What a job's processes inherit from the API's environment: what Python, PyTorch, CUDA, NCCL and Hugging
 # Face read, nothing else. The API's own secrets (admin token, database URL) and a Ray address it happens
 # to have stay out: a job runs on the Ray cluster the backend gives it, or on one it starts.
@@ -43,14 +56,6 @@ def _alive(pid: int, run_dir: str) -> bool:
     return run_dir in cmdline
 
 
-def _tail(path: Path) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return ""
-    return "\n".join(lines[-LOG_TAIL_LINES:])
-
-
 def job_environment(api_environment: dict[str, str], telemetry_token: str, ray_address: str | None) -> dict[str, str]:
     """The environment of a job's processes (pure: the API's environment in, the job's out)."""
     env = {k: v for k, v in api_environment.items()
@@ -61,9 +66,39 @@ def job_environment(api_environment: dict[str, str], telemetry_token: str, ray_a
     return env
 
 
-def add_event(session: Session, job: Job, message: str, level: str = "info", type_: str = "message",
-              data: dict | None = None) -> None:
-    session.add(JobEvent(job_id=job.id, message=message, level=level, type=type_, data=data))
+def gpus_found() -> list[str]:
+    """This machine's NVIDIA GPUs, by name (none when there is no driver)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()] if listing.returncode == 0 else []
+
+
+def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
+    """DDP over CPU workers (pure): the global batch split evenly, the largest micro-batch that divides it."""
+    strategy = spec.resources.strategy
+    if strategy == "auto":
+        strategy = "ddp" if workers > 1 else "single"
+    if strategy == "single":
+        workers = 1
+    if strategy == "hsdp":
+        raise ApiError(422, "hsdp needs several nodes; the local pool is one machine", "resources.strategy",
+                       "invalid_value")
+    batch = spec.hyperparameters.sequences_per_step
+    if batch % workers:
+        raise ApiError(422, f"a global batch of {batch} sequences does not divide over {workers} workers",
+                       "hyperparameters.globalBatchSize", "invalid_value")
+    per_worker = batch // workers
+    micro = max(m for m in range(1, min(per_worker, MAX_CPU_MICRO_BATCH) + 1) if per_worker % m == 0)
+    why = (f"local pool: {strategy} on {workers} CPU worker{'s' if workers > 1 else ''} (Ray, gloo), micro-batch "
+           f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step")
+    return JobPlan(pool=POOL, device="cpu", strategy=strategy, workers=workers, gpus=0, micro_batch=micro,
+                   grad_accum=per_worker // micro, shard_group=workers if strategy == "fsdp" else 1,
+                   explanation=why)
 
 
 class LocalBackend:
@@ -94,9 +129,59 @@ class LocalBackend:
             except Exception:  # keep scheduling whatever one job did
                 log.exception("local backend tick failed")
 
+    # --- the pool and plans ---------------------------------------------------------------------------
+    def pools(self) -> list[dict]:
+        found, settings = gpus_found(), self.settings
+        return [{"object": "pool", "name": POOL, "gpusFound": found, "gpusUsed": settings.local_gpus,
+                 "cpus": os.cpu_count(), "workers": settings.local_gpus or settings.local_workers,
+                 "pricePerGPUHour": settings.local_price_per_gpu_hour,
+                 "description": "this machine, through the local backend"
+                 + ("" if settings.local_gpus else " (training on the CPU: set TUNEWRIGHT_LOCAL_GPUS)"
+                    if found else " (no GPU found: training on the CPU)")}]
+
+    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
+        settings = self.settings
+        if settings.local_gpus == 0:
+            return cpu_plan(spec, max(1, min(settings.local_workers, os.cpu_count() or 1)))
+        # this machine's GPUs as a one-node pool, planned like any other
+        gpu_type = settings.local_gpu_type or next(filter(None, map(gpu_from_product_name, gpus_found())), None)
+        if gpu_type not in GPUS:
+            raise ApiError(422, f"cannot plan for local GPUs of type {gpu_type!r}: set TUNEWRIGHT_LOCAL_GPU_TYPE to "
+                                f"one of {', '.join(GPUS)}", "resources", "unknown_gpu")
+        host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        pool = Pool(POOL, calibration.for_gpu(gpu_type), settings.local_gpus, 1, LINKS[settings.local_gpu_link],
+                    None, settings.local_price_per_gpu_hour, host_gib)
+        chosen = plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"), pool=pool,
+                         dataset_tokens=max(1, train.bytes // JSONL_BYTES_PER_TOKEN), spec_param=None)
+        return chosen.model_copy(update={
+            "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}"})
+
     # --- the work ------------------------------------------------------------------------------------
     def run_dir(self, job: Job) -> Path:
         return self.jobs_root / job.id
+
+    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
+               validation: StoredFile | None, telemetry_token: str) -> None:
+        """The run folder, its runtime config, and the per-job telemetry secret (owner-only file)."""
+        run_dir = self.run_dir(job)
+        job.config = runtime_config(
+            spec, job.job_plan, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
+            validation=validation.path if validation else None, checkpoint_storage=str(run_dir / "checkpoints"),
+            telemetry_endpoint=f"{self.settings.public_url.rstrip('/')}/v1/internal/jobs/{job.id}/telemetry")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "job.json").write_text(json.dumps(job.config, indent=2))
+        token_file = run_dir / "telemetry.token"
+        token_file.touch(mode=0o600)
+        token_file.write_text(telemetry_token)
+        job.run_dir = str(run_dir)
+
+    def logs(self, job: Job, lines: int) -> list[str]:
+        log_file = self.run_dir(job) / "run.log"
+        try:
+            with log_file.open(errors="replace") as fh:
+                return [line.rstrip("\n") for line in deque(fh, maxlen=lines)]
+        except OSError:
+            return []
 
     def tick(self) -> None:
         with self._lock, Session(self.engine) as session:
@@ -110,16 +195,6 @@ class LocalBackend:
                 for job in queued[:free]:
                     self._launch(session, job)
             session.commit()
-
-    def prepare(self, job: Job, telemetry_token: str) -> None:
-        """At submission: the run folder, its config, and the per-job telemetry secret (owner-only file)."""
-        run_dir = self.run_dir(job)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "job.json").write_text(json.dumps(job.config, indent=2))
-        token_file = run_dir / "telemetry.token"
-        token_file.touch(mode=0o600)
-        token_file.write_text(telemetry_token)
-        job.run_dir = str(run_dir)
 
     def _launch(self, session: Session, job: Job) -> None:
         run_dir = Path(job.run_dir)
@@ -165,7 +240,7 @@ class LocalBackend:
             reason = (f"the run exited with code {code}" if code is not None
                       else "the run's process is gone (the API restarted while it ran) and it left no result")
             job.status = transition(job.status, "failed")
-            job.error_code, job.error_message = "run_failed", f"{reason}. Last log lines:\n{_tail(run_dir / 'run.log')}"
+            job.error_code, job.error_message = "run_failed", f"{reason}. Last log lines:\n" + "\n".join(self.logs(job, LOG_TAIL_LINES))
             add_event(session, job, job.error_message, level="error")
         job.finished_at, job.pid = now(), None
         session.add(job)

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from sqlmodel import select
 
 from tunewright_api.auth import AdminToken, CurrentTenant, SessionDep
+from tunewright_api.deps import BackendDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, ListEnvelope
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
-from tunewright_operator.planner.jobs import plan_job
-from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
-from tunewright_operator.planner.search import NoPlan, Plan
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_api.services.plans import plan_on, pool_of, profile_for
+from tunewright_operator.planner.hardware import GPUS, LINKS
+from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
-LOCAL = "local"
 
 
 class _Camel(BaseModel):
@@ -50,37 +42,15 @@ def pool_public(p: GpuPool) -> dict:
             "hostMemoryGiB": p.host_memory_gib}
 
 
-def gpus_found() -> list[str]:
-    """This machine's NVIDIA GPUs, by name (none when there is no driver)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        listing = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in listing.stdout.splitlines() if line.strip()] if listing.returncode == 0 else []
-
-
-def local_pool(request: Request) -> dict:
-    settings = request.app.state.settings
-    found = gpus_found()
-    return {"object": "pool", "name": LOCAL, "gpusFound": found, "gpusUsed": settings.local_gpus,
-            "cpus": os.cpu_count(), "workers": settings.local_gpus or settings.local_workers, "pricePerGPUHour": 0.0,
-            "description": "this machine, through the local backend"
-                           + ("" if settings.local_gpus else " (training on the CPU: set TUNEWRIGHT_LOCAL_GPUS)"
-                              if found else " (no GPU found: training on the CPU)")}
-
-
 @router.get("/pools")
-def list_pools(request: Request, session: SessionDep, _: CurrentTenant) -> ListEnvelope:
+def list_pools(session: SessionDep, backend: BackendDep, _: CurrentTenant) -> ListEnvelope:
     described = session.exec(select(GpuPool).order_by(GpuPool.name)).all()
-    return ListEnvelope(data=[local_pool(request), *map(pool_public, described)])
+    return ListEnvelope(data=[*backend.pools(), *map(pool_public, described)])
 
 
 @router.post("/pools", status_code=201)
-def create_pool(body: PoolCreate, session: SessionDep, _: AdminToken) -> dict:
-    if body.name == LOCAL or session.get(GpuPool, body.name) is not None:
+def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: AdminToken) -> dict:
+    if body.name in {p["name"] for p in backend.pools()} or session.get(GpuPool, body.name) is not None:
         raise ApiError(409, f"pool {body.name} exists", "name", "exists")
     pool = GpuPool(**body.model_dump())
     session.add(pool)
@@ -98,37 +68,20 @@ class PlanResponse(BaseModel):
     object: str = "plan"
     pool: str
     model: dict
-    plan: Plan
-
-
-def profile_for(source: str) -> ModelProfile:
-    profile = lookup(source)
-    if profile is not None:
-        return profile
-    config = Path(source.removeprefix("hf://")) / "config.json"
-    if config.is_file():
-        return from_hf_config(source, json.loads(config.read_text()))
-    raise ApiError(422, f"unknown model {source}: not in the catalog and no readable config.json",
-                   "spec.model.source", "unknown_model")
+    plan: JobPlan
 
 
 @router.post("/plans")
-def make_plan(body: PlanRequest, session: SessionDep, _: CurrentTenant) -> PlanResponse:
+def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, _: CurrentTenant) -> PlanResponse:
     """Dry run: the plan, its predictions, and the alternatives rejected with their reasons."""
     described = session.get(GpuPool, body.pool)
     if described is None:
-        hint = " (the local pool runs on this machine's CPUs; the planner models GPU pools)" if body.pool == LOCAL else ""
+        own = {p["name"] for p in backend.pools()}
+        hint = (" (that pool is this machine's: its jobs are planned when submitted, and the planner models GPU "
+                "pools described with POST /v1/pools)" if body.pool in own else "")
         raise ApiError(422, f"no GPU pool {body.pool}{hint}", "pool", "unknown_pool")
-    pool = Pool(described.name, calibration.for_gpu(described.gpu), described.gpus_per_node, described.max_nodes,
-                LINKS[described.intra_node], LINKS[described.inter_node] if described.inter_node else None,
-                described.price_per_gpu_hour, described.host_memory_gib)
-    profile = profile_for(body.spec.model.source)
-    cal, _ = calibration.load()
-    try:
-        chosen = plan_job(body.spec, pool, cal, profile, body.dataset_tokens)
-    except NoPlan as err:
-        raise ApiError(422, str(err), "spec", "no_plan") from None
-    except ValueError as err:
-        raise ApiError(422, str(err), "spec", "invalid_value") from None
-    return PlanResponse(pool=pool.name, model={"name": profile.name, "parameters": profile.params,
-                                               "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)
+    profile = profile_for(body.spec.model.source, param="spec.model.source")
+    chosen = plan_on(spec=body.spec, profile=profile, pool=pool_of(described), dataset_tokens=body.dataset_tokens,
+                     spec_param="spec")
+    return PlanResponse(pool=described.name, model={"name": profile.name, "parameters": profile.params,
+                                                    "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)

@@ -8,7 +8,6 @@ model scores 0% exact match on it, and a short LoRA run lifts that far up.
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -54,11 +53,6 @@ def make_dataset(n_train: int = 800, n_validation: int = 100, seed: int = 0) -> 
             seen.add(review)
             records.append(chat_record(review, label))
     return records[:n_train], records[n_train:]
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _corpus() -> list[str]:

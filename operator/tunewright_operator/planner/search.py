@@ -11,59 +11,15 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
 from tunewright_operator.planner.estimate import Calibration, Estimate, Layout, Workload, estimate
 from tunewright_operator.planner.hardware import GIB, Pool
+from tunewright_operator.spec import STRATEGIES, JobPlan, Predicted, RejectedOption
 
 USABLE_MEMORY = 0.9  # allocator fragmentation, CUDA context, NCCL buffers: measured reserved ran up to +15%
 USABLE_HOST_MEMORY = 0.8  # the rest is the OS, the dataloader, the Ray worker processes and page cache
 COMM_BOUND = 0.5  # exposed communication share above which a layout is called communication-bound
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-STRATEGIES = ("single", "ddp", "fsdp", "hsdp")
 OBJECTIVES = ("cheapest", "fastest", "fastest-within-budget", "cheapest-within-deadline")
-
-
-class Predicted(BaseModel):
-    peak_memory_gib: float
-    step_seconds: float
-    matmul_seconds: float
-    memory_bound_seconds: float
-    optimizer_seconds: float
-    comm_seconds: float
-    exposed_comm_seconds: float
-    offload_seconds: float
-    exposed_offload_seconds: float
-    host_memory_gib_per_node: float
-    comm_share: float
-    exposed_comm_share: float
-    mfu: float
-    tokens_per_second: float
-    duration_seconds: float
-    cost_usd: float
-    memory_breakdown_gib: dict[str, float]
-
-
-class Rejected(BaseModel):
-    strategy: str
-    gpus: int | None = None
-    reason: str
-
-
-class Plan(BaseModel):
-    """The planner's answer: one layout, its predictions, and why (the operator, API and CLI share it)."""
-
-    strategy: str
-    gpus: int
-    nodes: int
-    micro_batch: int
-    grad_accum: int
-    activation_checkpointing: bool
-    shard_group: int = Field(description="GPUs one copy of the training state is sharded over")
-    cpu_offload: bool = Field(default=False, description="Sharded states in host memory, optimizer on the CPU")
-    predicted: Predicted
-    explanation: str
-    rejected: list[Rejected]
 
 
 class NoPlan(ValueError):
@@ -159,7 +115,7 @@ def _describe(c: Candidate) -> str:
 
 def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest", strategy: str = "auto",
          max_gpus: int | None = None, budget_usd: float | None = None,
-         deadline_seconds: float | None = None) -> Plan:
+         deadline_seconds: float | None = None) -> JobPlan:
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if objective == "fastest-within-budget" and budget_usd is None:
@@ -205,7 +161,7 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     for s, c in sorted(best_per_strategy.items()):
         if c is chosen:
             continue
-        rejected.append(Rejected(strategy=s, gpus=c.layout.gpus, reason=_compare(c, chosen, objective)))
+        rejected.append(RejectedOption(strategy=s, gpus=c.layout.gpus, reason=_compare(c, chosen, objective)))
     return _to_plan(w, chosen, pool, objective, rejected)
 
 
@@ -223,24 +179,24 @@ def _does_not_fit(c: Candidate, pool: Pool) -> str:
     return f"{need:.0f} GiB of host memory > {usable:.0f} GiB usable per node even at {_describe(c)}"
 
 
-def _rejections(strategies, best, smallest, pool: Pool, objective, budget, deadline) -> list[Rejected]:
+def _rejections(strategies, best, smallest, pool: Pool, objective, budget, deadline) -> list[RejectedOption]:
     out = []
     for s in strategies:
         if s in best:
             continue
         small, offloaded = smallest.get((s, False)), smallest.get((s, True))
         if small is None:
-            out.append(Rejected(strategy=s, reason="no GPU count in this pool suits it (the global batch must "
+            out.append(RejectedOption(strategy=s, reason="no GPU count in this pool suits it (the global batch must "
                                                    "divide over the GPUs; hsdp needs 2+ shard groups)"))
         elif not small.fits or (offloaded is not None and not offloaded.fits):
             reason = f"does not fit: {_does_not_fit(small, pool)}"
             if offloaded is not None and not offloaded.fits:
                 reason += f"; with CPU offload: {_does_not_fit(offloaded, pool)}"
-            out.append(Rejected(strategy=s, gpus=small.layout.gpus, reason=reason))
+            out.append(RejectedOption(strategy=s, gpus=small.layout.gpus, reason=reason))
         elif objective == "fastest-within-budget":
-            out.append(Rejected(strategy=s, reason=f"no layout within the ${budget:,.2f} budget"))
+            out.append(RejectedOption(strategy=s, reason=f"no layout within the ${budget:,.2f} budget"))
         else:
-            out.append(Rejected(strategy=s, reason=f"no layout within the {deadline:,.0f} s deadline"))
+            out.append(RejectedOption(strategy=s, reason=f"no layout within the {deadline:,.0f} s deadline"))
     return out
 
 
@@ -263,7 +219,7 @@ def _compare(c: Candidate, chosen: Candidate, objective: str) -> str:
     return f"best layout {_describe(c)}: {verdict} (objective: {objective})"
 
 
-def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: list[Rejected]) -> Plan:
+def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: list[RejectedOption]) -> JobPlan:
     e, lay, m = c.estimate, c.layout, w.model
     mfu = c.tokens_per_second / lay.gpus * m.flops_per_token(w.seq_len, w.method) / pool.gpu.bf16_flops
     predicted = Predicted(
@@ -293,6 +249,7 @@ def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: li
         f"{c.tokens_per_second:,.0f} tokens/s, MFU {mfu:.0%}, {math.ceil(c.duration_seconds / 60)} min, "
         f"${c.cost_usd:,.2f}."
     )
-    return Plan(strategy=lay.strategy, gpus=lay.gpus, nodes=lay.nodes, micro_batch=lay.micro_batch,
-                grad_accum=lay.grad_accum, activation_checkpointing=lay.activation_checkpointing,
-                shard_group=lay.shard_group, cpu_offload=lay.cpu_offload, predicted=predicted, explanation=explanation, rejected=rejected)
+    return JobPlan(pool=pool.name, strategy=lay.strategy, workers=lay.gpus, gpus=lay.gpus, nodes=lay.nodes,
+                   micro_batch=lay.micro_batch, grad_accum=lay.grad_accum,
+                   activation_checkpointing=lay.activation_checkpointing, shard_group=lay.shard_group,
+                   cpu_offload=lay.cpu_offload, predicted=predicted, explanation=explanation, rejected=rejected)

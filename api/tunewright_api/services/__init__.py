@@ -1,0 +1,2 @@
+"""Services: keyword-only functions that own a request's transaction. Routes parse and shape; services
+decide and commit; backends do what depends on where jobs run."""

@@ -1,0 +1,77 @@
+"""Datasets: stored per tenant, validated at upload by the runtime's own validator."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlmodel import Session, select
+
+from tunewright_api.errors import ApiError
+from tunewright_api.models import Job, StoredFile, Tenant, new_id
+from tunewright_api.states import TERMINAL
+
+PURPOSES = {"fine-tune"}
+
+
+def owned_file(*, session: Session, tenant: Tenant, file_id: str) -> StoredFile:
+    f = session.get(StoredFile, file_id)
+    if f is None or f.tenant_id != tenant.id:  # another tenant's file does not exist for you
+        raise ApiError(404, f"no file {file_id}", "file_id", "not_found")
+    return f
+
+
+def validate_dataset(path: Path) -> dict:
+    """The training runtime decides what trains: ask it (a separate process, no import across the boundary)."""
+    proc = subprocess.run([sys.executable, "-m", "tunewright_jobs.validate", str(path)],
+                          capture_output=True, text=True, timeout=600)
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"dataset validator failed: {proc.stderr[-500:]}") from None
+
+
+def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, content: BinaryIO,
+           filename: str | None, purpose: str) -> StoredFile:
+    if purpose not in PURPOSES:
+        raise ApiError(422, f"purpose must be one of {sorted(PURPOSES)}", "purpose", "invalid_value")
+    file_id = new_id("file")
+    folder = (data_dir / "files" / tenant.id).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f"{file_id}.partial"
+    size = 0
+    with partial.open("wb") as out:
+        while chunk := content.read(1 << 20):
+            size += len(chunk)
+            if size > max_bytes:
+                out.close()
+                partial.unlink()
+                raise ApiError(413, f"file larger than {max_bytes} bytes", "file", "too_large")
+            out.write(chunk)
+    checked = validate_dataset(partial)
+    if "errors" in checked:
+        partial.unlink()
+        name = filename or "upload"
+        errors = [e.replace(partial.name, name).replace(str(partial), name) for e in checked["errors"]]
+        raise ApiError(422, "dataset rejected: " + "; ".join(errors), "file", "invalid_file")
+    final = folder / f"{file_id}.jsonl"
+    shutil.move(partial, final)
+    stored = StoredFile(id=file_id, tenant_id=tenant.id, filename=filename or "upload.jsonl", purpose=purpose,
+                        bytes=size, format=checked["format"], examples=checked["examples"], path=str(final))
+    session.add(stored)
+    session.commit()
+    return stored
+
+
+def delete(*, session: Session, tenant: Tenant, file_id: str) -> None:
+    f = owned_file(session=session, tenant=tenant, file_id=file_id)
+    jobs = session.exec(select(Job).where(Job.tenant_id == tenant.id, Job.status.not_in(TERMINAL))).all()
+    if any(file_id in (j.spec["dataset"].get("train"), j.spec["dataset"].get("validation")) for j in jobs):
+        raise ApiError(409, f"{file_id} is used by a job that has not finished", "file_id", "in_use")
+    Path(f.path).unlink(missing_ok=True)
+    session.delete(f)
+    session.commit()

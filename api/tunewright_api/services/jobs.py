@@ -1,0 +1,131 @@
+"""Jobs: submit, find, page, cancel, and what a job has recorded (events, metrics, checkpoints, logs).
+
+Both job surfaces (native and OpenAI-compatible) call these; each function owns its transaction.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlmodel import Session, select
+
+from tunewright_api.auth import hash_token, new_token
+from tunewright_api.backends import Backend
+from tunewright_api.errors import ApiError
+from tunewright_api.models import (
+    Checkpoint,
+    Job,
+    JobEvent,
+    ListEnvelope,
+    MetricPoint,
+    StoredFile,
+    Tenant,
+    add_event,
+)
+from tunewright_api.services.files import owned_file
+from tunewright_api.states import TERMINAL
+from tunewright_operator.spec import FineTuneJobSpec
+
+FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
+
+
+def owned_job(*, session: Session, tenant: Tenant, job_id: str, param: str = "job_id") -> Job:
+    job = session.get(Job, job_id)
+    if job is None or job.tenant_id != tenant.id:  # another tenant's job does not exist for you
+        raise ApiError(404, f"no job {job_id}", param, "not_found")
+    return job
+
+
+def dataset_file(*, session: Session, tenant: Tenant, value: str | None, param: str) -> StoredFile | None:
+    """An uploaded file of this tenant's, named by id (never a server path: a tenant must not read the
+    server's files)."""
+    if value is None:
+        return None
+    if not FILE_ID.match(value):
+        raise ApiError(422, f"{value!r} is not an uploaded file id (file-...): upload it with POST /v1/files",
+                       param, "invalid_file")
+    try:
+        return owned_file(session=session, tenant=tenant, file_id=value)
+    except ApiError:
+        raise ApiError(422, f"no file {value}", param, "file_not_found") from None
+
+
+def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTuneJobSpec,
+           train_param: str = "dataset.train", validation_param: str = "dataset.validation",
+           suffix: str | None = None, metadata: dict[str, str] | None = None) -> Job:
+    """Check the spec against the tenant's files, plan it on the backend, and queue it."""
+    if spec.suspend:
+        raise ApiError(422, "this backend cannot hold a suspended job; submit it when it should run",
+                       "suspend", "unsupported")
+    train = dataset_file(session=session, tenant=tenant, value=spec.dataset.train, param=train_param)
+    validation = dataset_file(session=session, tenant=tenant, value=spec.dataset.validation, param=validation_param)
+    if train.format != spec.dataset.format:
+        raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
+                       "dataset.format", "invalid_value")
+    plan = backend.plan(spec, train)
+    telemetry_token = new_token()
+    job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
+              plan=plan.model_dump(by_alias=True, mode="json"), telemetry_token_hash=hash_token(telemetry_token),
+              suffix=suffix, job_metadata=metadata)
+    backend.submit(session, job, spec, train, validation, telemetry_token)
+    session.add(job)
+    add_event(session, job, f"queued; plan: {plan.explanation}")
+    session.commit()
+    return job
+
+
+def page_of_jobs(*, session: Session, tenant: Tenant, after: str | None, limit: int) -> tuple[list[Job], bool]:
+    """Newest first; `after` is the id of the last job of the previous page."""
+    query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.created_at.desc(), Job.id.desc())
+    if after is not None:
+        anchor = owned_job(session=session, tenant=tenant, job_id=after, param="after")
+        query = query.where((Job.created_at < anchor.created_at)
+                            | ((Job.created_at == anchor.created_at) & (Job.id < anchor.id)))
+    jobs = list(session.exec(query.limit(limit + 1)).all())
+    return jobs[:limit], len(jobs) > limit
+
+
+def cancel(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, param: str) -> Job:
+    job = owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
+    if job.status in TERMINAL:
+        raise ApiError(409, f"job {job_id} already {job.status}", param, "already_finished")
+    backend.cancel(session, job)
+    session.refresh(job)
+    return job
+
+
+def events_page(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int) -> ListEnvelope:
+    """Newest first, in OpenAI's event shape."""
+    owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
+    events = session.exec(select(JobEvent).where(JobEvent.job_id == job_id)
+                          .order_by(JobEvent.id.desc()).limit(limit + 1)).all()
+    data = [{"id": f"ftevent-{e.id}", "object": "fine_tuning.job.event", "created_at": int(e.created_at.timestamp()),
+             "level": e.level, "message": e.message, "type": e.type, "data": e.data} for e in events[:limit]]
+    return ListEnvelope(data=data, has_more=len(events) > limit)
+
+
+def metric_points(*, session: Session, tenant: Tenant, job_id: str, max_points: int) -> ListEnvelope:
+    """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
+    owned_job(session=session, tenant=tenant, job_id=job_id)
+    points = session.exec(select(MetricPoint).where(MetricPoint.job_id == job_id).order_by(MetricPoint.step)).all()
+    if len(points) > max_points:
+        stride = len(points) / (max_points - 1)
+        points = [points[int(i * stride)] for i in range(max_points - 1)] + [points[-1]]
+    return ListEnvelope(data=[{"step": p.step, "time": p.time, **p.data} for p in points])
+
+
+def checkpoints(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int) -> ListEnvelope:
+    """Committed checkpoints as the runtime registered them, newest first, in OpenAI's checkpoint shape."""
+    job = owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
+    rows = session.exec(select(Checkpoint).where(Checkpoint.job_id == job.id)
+                        .order_by(Checkpoint.step.desc()).limit(limit + 1)).all()
+    data = [{"id": f"ftckpt-{job.id.removeprefix('ftjob-')}-{c.step:08d}", "object": "fine_tuning.job.checkpoint",
+             "created_at": int(c.created_at.timestamp()), "step_number": c.step,
+             "fine_tuned_model_checkpoint": c.uri, "fine_tuning_job_id": job.id,
+             "metrics": {"step": c.step, "train_loss": c.train_loss}} for c in rows[:limit]]
+    return ListEnvelope(data=data, has_more=len(rows) > limit)
+
+
+def log_lines(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, lines: int) -> ListEnvelope:
+    job = owned_job(session=session, tenant=tenant, job_id=job_id)
+    return ListEnvelope(data=backend.logs(job, lines))

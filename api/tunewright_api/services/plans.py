@@ -1,0 +1,50 @@
+"""Planning on a GPU pool: model profiles, pools from their descriptions, the planner's answer or why not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tunewright_api.errors import ApiError
+from tunewright_api.models import GpuPool
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import LINKS, Pool
+from tunewright_operator.planner.jobs import plan_job
+from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
+from tunewright_operator.planner.search import NoPlan
+from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+
+
+def profile_for(source: str, *, param: str) -> ModelProfile:
+    """The catalog's profile of a model, or one read from its config.json."""
+    profile = lookup(source)
+    if profile is not None:
+        return profile
+    config = Path(source.removeprefix("hf://")) / "config.json"
+    if config.is_file():
+        return from_hf_config(source, json.loads(config.read_text()))
+    raise ApiError(422, f"unknown model {source}: not in the catalog and no readable config.json", param,
+                   "unknown_model")
+
+
+def pool_of(described: GpuPool) -> Pool:
+    return Pool(described.name, calibration.for_gpu(described.gpu), described.gpus_per_node, described.max_nodes,
+                LINKS[described.intra_node], LINKS[described.inter_node] if described.inter_node else None,
+                described.price_per_gpu_hour, described.host_memory_gib)
+
+
+def plan_on(*, spec: FineTuneJobSpec, profile: ModelProfile, pool: Pool, dataset_tokens: int | None,
+            spec_param: str | None) -> JobPlan:
+    """The planner's plan for `spec` on `pool`; 422 with the planner's reasons when nothing fits.
+
+    `spec_param` is where the spec sits in the request body (None: the body is the spec)."""
+    def where(field: str) -> str:
+        return ".".join(filter(None, (spec_param, field)))
+
+    cal, _ = calibration.load()
+    try:
+        return plan_job(spec, pool, cal, profile, dataset_tokens)
+    except NoPlan as err:
+        raise ApiError(422, str(err), where("resources"), "no_plan") from None
+    except ValueError as err:
+        raise ApiError(422, str(err), where("hyperparameters"), "invalid_value") from None

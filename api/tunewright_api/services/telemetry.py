@@ -1,0 +1,76 @@
+"""Workers' telemetry: records from the runtime, authenticated by the job's own token, into the job."""
+
+from __future__ import annotations
+
+import hmac
+
+from sqlmodel import Session, delete, select
+
+from tunewright_api.auth import hash_token
+from tunewright_api.errors import ApiError
+from tunewright_api.models import Checkpoint, Job, MetricPoint, add_event
+from tunewright_api.telemetry import (
+    CheckpointRecord,
+    CommRecord,
+    EndRecord,
+    EvalRecord,
+    StartRecord,
+    StepRecord,
+    TelemetryRecord,
+)
+
+
+def authenticated_job(*, session: Session, job_id: str, token: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None or not hmac.compare_digest(hash_token(token), job.telemetry_token_hash):
+        raise ApiError(401, "invalid telemetry token for this job")
+    return job
+
+
+def ingest(*, session: Session, job: Job, records: list[TelemetryRecord]) -> None:
+    """Apply a batch in one transaction: progress, metric points, events, checkpoints."""
+    for record in records:
+        apply(session, job, record)
+    session.add(job)
+    session.commit()
+
+
+def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
+    match record:
+        case StartRecord():
+            job.total_steps = record.total_steps
+        case StepRecord():
+            session.add(MetricPoint(job_id=job.id, step=record.step, time=record.time, data=record.metrics()))
+            job.step, job.loss, job.tokens_per_second = record.step, record.loss, record.tokens_per_second
+            job.trained_tokens += record.tokens
+            add_event(session, job, f"step {record.step}: training loss={record.loss:.4f}" if record.loss is not None
+                      else f"step {record.step}: the training loss is not finite (diverged)", type_="metrics",
+                      data={"step": record.step, "train_loss": record.loss, "total_steps": job.total_steps})
+        case CommRecord():
+            job.comm = record.model_dump(exclude={"event", "time"})
+            add_event(session, job, f"step {record.step}: communication {record.comm_share:.1%} of the step "
+                                    f"({record.comm_share_exposed:.1%} exposed)", type_="metrics", data=job.comm)
+        case EvalRecord():
+            add_event(session, job, f"evaluation at step {record.step}", type_="metrics",
+                      data=record.model_dump(exclude={"event", "time"}, exclude_none=True))
+        case CheckpointRecord():
+            register_checkpoint(session, job, record)
+        case EndRecord():
+            job.result = record.model_dump(mode="json", exclude={"event", "time"})
+            add_event(session, job, f"training finished at step {record.step}", type_="metrics",
+                      data={"step": record.step, "final_loss": record.final_loss})
+
+
+def register_checkpoint(session: Session, job: Job, record: CheckpointRecord) -> None:
+    """Upsert this step's checkpoint; forget those the store no longer keeps (all but the newest keep_last)."""
+    existing = session.exec(select(Checkpoint).where(Checkpoint.job_id == job.id,
+                                                     Checkpoint.step == record.step)).first()
+    checkpoint = existing or Checkpoint(job_id=job.id, step=record.step, uri=record.uri)
+    checkpoint.uri, checkpoint.train_loss = record.uri, record.train_loss
+    session.add(checkpoint)
+    session.flush()
+    kept = select(Checkpoint.step).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc())
+    newest = session.exec(kept.limit(record.keep_last)).all()
+    session.exec(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step.not_in(newest)))
+    add_event(session, job, f"checkpoint at step {record.step}: {record.uri}", type_="metrics",
+              data={"step": record.step, "train_loss": record.train_loss})
