@@ -1,3 +1,4 @@
+import time
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+SLOW_SECONDS = 10  # a test that takes longer belongs to the `slow` tier (`make test-fast` skips it)
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    if took > SLOW_SECONDS and "slow" not in item.keywords:
+        _unmarked_slow.append((item.nodeid, took))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Named, not failed: a loaded machine can slow any test, but the tiers must keep their meaning."""
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {SLOW_SECONDS} s without the slow marker")
+        for nodeid, took in _unmarked_slow:
+            terminalreporter.write_line(f"{took:6.1f} s  {nodeid}")

@@ -23,16 +23,18 @@ DEFAULT_EPOCHS = 1
 DEFAULT_GLOBAL_BATCH = 16  # sequences per optimizer step when the spec leaves it to tunewright
 
 
-class _Spec(BaseModel):
+class CamelModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields refused."""
+
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
-class ModelSpec(_Spec):
+class ModelSpec(CamelModel):
     source: str = Field(description='Model to fine-tune: "hf://org/name", "org/name", "pvc://claim/path" or "/abs/path".')
     revision: str | None = Field(default=None, description="Hugging Face revision (branch, tag or commit).")
 
 
-class LoraSpec(_Spec):
+class LoraSpec(CamelModel):
     r: PositiveInt = Field(default=16, description="Adapter rank.")
     alpha: PositiveFloat = Field(default=32, description="Adapter scaling numerator (scale = alpha / r).")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(default=0.05, description="Dropout on the adapter input.")
@@ -40,18 +42,18 @@ class LoraSpec(_Spec):
                                       description='Modules to adapt, or ["all-linear"].')
 
 
-class MethodSpec(_Spec):
+class MethodSpec(CamelModel):
     type: MethodType = Field(default="lora", description="LoRA adapters or full fine-tuning.")
     lora: LoraSpec = Field(default_factory=LoraSpec)
 
 
-class DatasetSpec(_Spec):
+class DatasetSpec(CamelModel):
     train: str = Field(description="Training JSONL: an uploaded file id (file-...) or a path/URI the workers read.")
     validation: str | None = Field(default=None, description="Validation JSONL, same forms as train.")
     format: DatasetFormat = Field(default="chat", description="Record format.")
 
 
-class HyperparametersSpec(_Spec):
+class HyperparametersSpec(CamelModel):
     epochs: PositiveInt = Field(default=DEFAULT_EPOCHS, description="Passes over the data.")
     max_steps: PositiveInt | None = Field(default=None, description="Optimizer steps; overrides epochs.")
     learning_rate: PositiveFloat = Field(default=2e-4, description="Peak learning rate.")
@@ -83,7 +85,7 @@ class HyperparametersSpec(_Spec):
         return DEFAULT_GLOBAL_BATCH
 
 
-class ResourcesSpec(_Spec):
+class ResourcesSpec(CamelModel):
     pool: str | None = Field(default=None, description="GPUPool to run on (default: the cluster's default pool).")
     max_gpus: PositiveInt | None = Field(default=None, alias="maxGPUs", description="Upper bound on GPUs.")
     strategy: Literal["auto", Strategy] = Field(
@@ -93,18 +95,18 @@ class ResourcesSpec(_Spec):
     queue: str | None = Field(default=None, description="Kueue LocalQueue name.")
 
 
-class CheckpointSpec(_Spec):
+class CheckpointSpec(CamelModel):
     storage: str | None = Field(default=None, description='Checkpoint storage: "s3://...", "pvc://...", "/path".')
     every_steps: PositiveInt | None = Field(default=None, description="Checkpoint period in optimizer steps.")
 
 
-class EvaluationSpec(_Spec):
+class EvaluationSpec(CamelModel):
     every_steps: PositiveInt | None = Field(default=None, description="Validation period (always at start and end).")
     exact_match: bool = Field(default=False, description="Also score greedy answers against the references.")
     max_new_tokens: PositiveInt = Field(default=16, description="Answer length limit for exact match.")
 
 
-class FineTuneJobSpec(_Spec):
+class FineTuneJobSpec(CamelModel):
     model: ModelSpec
     method: MethodSpec = Field(default_factory=MethodSpec)
     dataset: DatasetSpec
@@ -118,11 +120,7 @@ class FineTuneJobSpec(_Spec):
 # --- the plan ----------------------------------------------------------------------------------------
 
 
-class _Status(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class Predicted(_Status):
+class Predicted(CamelModel):
     """The planner's predictions for one layout (per GPU where it says so)."""
 
     peak_memory_gib: float = Field(alias="peakMemoryGiB", description="Allocator peak per GPU.")
@@ -144,13 +142,13 @@ class Predicted(_Status):
     memory_breakdown_gib: dict[str, float] = Field(alias="memoryBreakdownGiB", description="Peak memory by part.")
 
 
-class RejectedOption(_Status):
+class RejectedOption(CamelModel):
     strategy: str
     gpus: int | None = None
     reason: str
 
 
-class JobPlan(_Status):
+class JobPlan(CamelModel):
     """How a job runs: the layout chosen, its predictions and why; the alternatives rejected and why."""
 
     pool: str = Field(description="The pool planned on.")
@@ -176,7 +174,7 @@ class JobPlan(_Status):
 # --- progress and measured telemetry (what `tunewright get` and the FineTuneJob status show) -----------
 
 
-class JobProgress(_Status):
+class JobProgress(CamelModel):
     step: int = 0
     total_steps: int | None = None
     loss: float | None = Field(default=None, description="Training loss of the last logged step.")
@@ -185,7 +183,7 @@ class JobProgress(_Status):
     eta_seconds: float | None = Field(default=None, description="Time left at the pace so far (running jobs).")
 
 
-class JobTelemetry(_Status):
+class JobTelemetry(CamelModel):
     """Measured, beside the plan's predictions: communication share from the runtime's profiler windows;
     MFU and cost derived with the plan's own FLOPs and price, so the two compare."""
 

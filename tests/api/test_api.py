@@ -61,6 +61,7 @@ def test_job_spec_errors_name_the_field(server, tiny_models):
     assert response.status_code == 422 and response.json()["error"]["param"] == "method.type"
 
 
+@pytest.mark.slow  # trains a job (over 10 s here)
 def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, tiny_models):
     alice = server.tenant("alice")
     train, validation = upload(alice, TRAIN).json()["id"], upload(alice, VALIDATION).json()["id"]
@@ -135,6 +136,7 @@ def test_tenants_never_see_each_other(server, tiny_models):
     alice.post(f"/v1/jobs/{job_id}/cancel")
 
 
+@pytest.mark.slow  # trains a job (over 10 s here)
 def test_restart_reattaches_live_runs_and_fails_lost_ones(tmp_path, tiny_models, database_url):
     data = tmp_path / "data"
     with Server(data, local_ray=False, database_url=database_url) as first:
@@ -180,6 +182,7 @@ def test_bare_500s_are_enveloped(server, monkeypatch):
 
 
 
+@pytest.mark.slow  # trains a job (over 10 s here)
 def test_the_official_openai_client_works(server, tiny_models):
     from openai import NotFoundError, OpenAI
 
@@ -249,6 +252,7 @@ def test_pools_and_dry_run_plans(server, tiny_models):
     assert no_plan.status_code == 422 and "does not fit" in no_plan.json()["error"]["message"]
 
 
+@pytest.mark.slow  # trains a job (over 10 s here)
 def test_the_queue_runs_one_job_at_a_time(server, tiny_models):
     alice = server.tenant("alice")
     train = upload(alice, TRAIN).json()["id"]
@@ -268,6 +272,7 @@ def test_the_queue_runs_one_job_at_a_time(server, tiny_models):
     assert held.status_code == 422 and held.json()["error"]["param"] == "suspend"
 
 
+@pytest.mark.slow  # trains a job (over 10 s here)
 def test_the_cli_drives_the_api(server, tiny_models, tmp_path, capsys):
     from tunewright_api.cli import main
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field
 from sqlmodel import select
 
 from tunewright_api.auth import AdminToken, CurrentTenant, SessionDep
@@ -15,16 +14,12 @@ from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, ListEnvelope
 from tunewright_api.services.plans import plan_on, pool_of, profile_for
 from tunewright_operator.planner.hardware import GPUS, LINKS
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
 
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class PoolCreate(_Camel):
+class PoolCreate(CamelModel):
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     gpu: Literal[tuple(GPUS)]  # type: ignore[valid-type]
     gpus_per_node: int = Field(gt=0, le=64)
@@ -58,7 +53,7 @@ def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: A
     return pool_public(pool)
 
 
-class PlanRequest(_Camel):
+class PlanRequest(CamelModel):
     spec: FineTuneJobSpec
     pool: str
     dataset_tokens: int | None = Field(default=None, gt=0, description="Tokens in the training set (for epochs).")
