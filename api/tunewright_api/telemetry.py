@@ -135,8 +135,9 @@ def progress(status: str, step: int, total_steps: int | None, loss: float | None
     if status == "running" and total_steps and step and started_at is not None:
         per_step = (now - _aware(started_at)).total_seconds() / step
         eta = max(0.0, per_step * (total_steps - step))
-    return JobProgress(step=step, total_steps=total_steps, loss=loss, tokens_per_second=tokens_per_second,
-                       trained_tokens=trained_tokens, eta_seconds=eta)
+    percent = round(100 * step / total_steps, 1) if total_steps else None
+    return JobProgress(step=step, total_steps=total_steps, percent=percent, loss=loss,
+                       tokens_per_second=tokens_per_second, trained_tokens=trained_tokens, eta_seconds=eta)
 
 
 def measured(plan: JobPlan | None, comm: dict | None, tokens_per_second: float | None, started_at: datetime | None,

@@ -1,5 +1,6 @@
-"""tunewright's typed contracts (`tunewright.dev/v1alpha1`): the FineTuneJob spec, the JobPlan, a job's
-progress and measured telemetry. One definition each, for the CRD, the REST API, the CLI and the operator.
+"""tunewright's typed contracts (`tunewright.dev/v1alpha1`): the FineTuneJob spec and status, the JobPlan,
+a job's progress and measured telemetry, the GPUPool. One definition each, for the CRDs (generated from
+these types by crds.py), the REST API, the CLI and the operator.
 
 Field names are camelCase on the wire, as in every Kubernetes API; Python uses snake_case. The
 enumerations and defaults below are the only place they are spelled.
@@ -7,10 +8,13 @@ enumerations and defaults below are the only place they are spelled.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from tunewright_operator.planner.hardware import GPUS, LINKS
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -30,11 +34,15 @@ class CamelModel(BaseModel):
 
 
 class ModelSpec(CamelModel):
+    """The model to start from."""
+
     source: str = Field(description='Model to fine-tune: "hf://org/name", "org/name", "pvc://claim/path" or "/abs/path".')
     revision: str | None = Field(default=None, description="Hugging Face revision (branch, tag or commit).")
 
 
 class LoraSpec(CamelModel):
+    """LoRA adapters (method.type lora)."""
+
     r: PositiveInt = Field(default=16, description="Adapter rank.")
     alpha: PositiveFloat = Field(default=32, description="Adapter scaling numerator (scale = alpha / r).")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(default=0.05, description="Dropout on the adapter input.")
@@ -43,17 +51,23 @@ class LoraSpec(CamelModel):
 
 
 class MethodSpec(CamelModel):
+    """How the model is trained: LoRA adapters or all weights."""
+
     type: MethodType = Field(default="lora", description="LoRA adapters or full fine-tuning.")
-    lora: LoraSpec = Field(default_factory=LoraSpec)
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings (ignored for full).")
 
 
 class DatasetSpec(CamelModel):
+    """The data: JSONL in one of three formats (chat, prompt_completion, text)."""
+
     train: str = Field(description="Training JSONL: an uploaded file id (file-...) or a path/URI the workers read.")
     validation: str | None = Field(default=None, description="Validation JSONL, same forms as train.")
     format: DatasetFormat = Field(default="chat", description="Record format.")
 
 
 class HyperparametersSpec(CamelModel):
+    """Optimization settings; the batch is split into micro-batches by the plan."""
+
     epochs: PositiveInt = Field(default=DEFAULT_EPOCHS, description="Passes over the data.")
     max_steps: PositiveInt | None = Field(default=None, description="Optimizer steps; overrides epochs.")
     learning_rate: PositiveFloat = Field(default=2e-4, description="Peak learning rate.")
@@ -86,6 +100,8 @@ class HyperparametersSpec(CamelModel):
 
 
 class ResourcesSpec(CamelModel):
+    """Where and how large: the pool, a cap on GPUs, a forced strategy, a budget, a Kueue queue."""
+
     pool: str | None = Field(default=None, description="GPUPool to run on (default: the cluster's default pool).")
     max_gpus: PositiveInt | None = Field(default=None, alias="maxGPUs", description="Upper bound on GPUs.")
     strategy: Literal["auto", Strategy] = Field(
@@ -96,24 +112,30 @@ class ResourcesSpec(CamelModel):
 
 
 class CheckpointSpec(CamelModel):
+    """Where checkpoints and the trained adapter or model go; a retried run resumes from the newest."""
+
     storage: str | None = Field(default=None, description='Checkpoint storage: "s3://...", "pvc://...", "/path".')
     every_steps: PositiveInt | None = Field(default=None, description="Checkpoint period in optimizer steps.")
 
 
 class EvaluationSpec(CamelModel):
+    """Validation during training (needs dataset.validation)."""
+
     every_steps: PositiveInt | None = Field(default=None, description="Validation period (always at start and end).")
     exact_match: bool = Field(default=False, description="Also score greedy answers against the references.")
     max_new_tokens: PositiveInt = Field(default=16, description="Answer length limit for exact match.")
 
 
 class FineTuneJobSpec(CamelModel):
-    model: ModelSpec
-    method: MethodSpec = Field(default_factory=MethodSpec)
-    dataset: DatasetSpec
-    hyperparameters: HyperparametersSpec = Field(default_factory=HyperparametersSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
-    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    """What to fine-tune; tunewright decides how (the plan, in status)."""
+
+    model: ModelSpec = Field(description="The model to start from.")
+    method: MethodSpec = Field(default_factory=MethodSpec, description="LoRA or full fine-tuning.")
+    dataset: DatasetSpec = Field(description="Training (and validation) data.")
+    hyperparameters: HyperparametersSpec = Field(default_factory=HyperparametersSpec, description="Optimization.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Pool, GPUs, strategy, budget.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints and results.")
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec, description="Validation during training.")
     suspend: bool = Field(default=False, description="Hold the job without running it.")
 
 
@@ -162,7 +184,7 @@ class JobPlan(CamelModel):
     activation_checkpointing: bool = False
     shard_group: PositiveInt = Field(default=1, description="Workers one copy of the training state is sharded over.")
     cpu_offload: bool = Field(default=False, description="Sharded states in host memory, optimizer on the CPU.")
-    predicted: Predicted | None = Field(default=None, description="None where nothing is modelled (CPU).")
+    predicted: Predicted | None = Field(default=None, description="Absent where nothing is modelled (CPU).")
     explanation: str
     rejected: list[RejectedOption] = Field(default_factory=list)
 
@@ -177,6 +199,7 @@ class JobPlan(CamelModel):
 class JobProgress(CamelModel):
     step: int = 0
     total_steps: int | None = None
+    percent: float | None = Field(default=None, description="Steps done of the total, percent.")
     loss: float | None = Field(default=None, description="Training loss of the last logged step.")
     tokens_per_second: float | None = None
     trained_tokens: int = 0
@@ -193,3 +216,85 @@ class JobTelemetry(CamelModel):
     comm_measured_at_step: int | None = None
     mfu: float | None = None
     cost_usd: float | None = Field(default=None, alias="costUSD", description="GPUs held x time x price so far.")
+
+
+# --- FineTuneJob status (one writer per field: the operator; see operator docs) -----------------------
+
+Phase = Literal["Pending", "Planned", "Queued", "Running", "Suspended", "Succeeded", "Failed", "Cancelled"]
+PHASES: tuple[str, ...] = get_args(Phase)
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "Cancelled"})
+
+
+class Condition(CamelModel):
+    """The `metav1.Condition` shape, as every Kubernetes API reports conditions."""
+
+    type: str = Field(max_length=316, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                               r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+                      description="CamelCase kind of condition: Planned, Ready, Succeeded, Failed, Suspended.")
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="The .metadata.generation the condition was set for.")
+    last_transition_time: datetime = Field(description="When the status last changed.")
+    reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+                        description="CamelCase, machine-readable reason: Unschedulable, BackoffLimitExceeded, ...")
+    message: str = Field(default="", max_length=32768, description="What happened and what to do, for a human.")
+
+
+class FineTuneJobStatus(CamelModel):
+    phase: Phase | None = Field(default=None, description="Where the job is in its life.")
+    observed_generation: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="The .metadata.generation this status describes.")
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    plan: JobPlan | None = Field(default=None, description="How the job runs, predicted before it runs.")
+    ray_job_name: str | None = Field(default=None, description="The RayJob running this job.")
+    dashboard_url: str | None = Field(default=None, alias="dashboardURL", description="The Ray dashboard.")
+    start_time: datetime | None = Field(default=None, description="When its pods first ran.")
+    completion_time: datetime | None = Field(default=None, description="When it ended.")
+    progress: JobProgress | None = None
+    telemetry: JobTelemetry | None = Field(default=None, description="Measured, beside plan.predicted.")
+
+
+# --- GPUPool ------------------------------------------------------------------------------------------
+
+
+class Toleration(CamelModel):
+    """The core `Toleration` shape, applied to the pool's worker pods."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class GPUPoolSpec(CamelModel):
+    gpu: Literal[tuple(GPUS)] = Field(description="GPU type (the planner's catalog: memory, bf16 FLOP/s, HBM and "  # type: ignore[valid-type]
+                                                  "host bandwidth).")
+    gpus_per_node: Annotated[int, Field(gt=0, le=64)] = Field(description="GPUs per node used for training.")
+    max_nodes: Annotated[int, Field(gt=0, le=4096)] = Field(description="Nodes a job may use at most.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Labels the pool's nodes carry.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints of the pool's nodes to tolerate.")
+    intra_node: Literal[tuple(LINKS)] = Field(description="How a node's GPUs are joined (NVLink or PCIe).")  # type: ignore[valid-type]
+    inter_node: Literal[tuple(LINKS)] | None = Field(  # type: ignore[valid-type]
+        default=None, description="How nodes are joined (InfiniBand or Ethernet); none for one-node jobs only.")
+    price_per_gpu_hour: Annotated[float, Field(ge=0)] = Field(alias="pricePerGPUHour",
+                                                              description="What one GPU costs per hour (USD).")
+    host_memory_gib: Annotated[float, Field(gt=0)] | None = Field(
+        default=None, alias="hostMemoryGiB", description="Host memory per node (for CPU offload plans).")
+    worker_image: str = Field(min_length=1, max_length=1024, description="Image of the Ray head and workers.")
+    default: bool = Field(default=False, description="Jobs that name no pool run here.")
+
+
+class GPUPoolStatus(CamelModel):
+    """What the operator discovered from the Nodes matching the pool's selector."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    nodes: int = Field(default=0, description="Matching nodes.")
+    allocatable_gpus: int = Field(default=0, alias="allocatableGPUs",
+                                  description="nvidia.com/gpu allocatable on them, in all.")
+    gpu_products: list[str] = Field(default_factory=list, alias="gpuProducts",
+                                    description="nvidia.com/gpu.product labels seen (GPU feature discovery).")
+    gpu_memory_mib: int | None = Field(default=None, alias="gpuMemoryMiB",
+                                       description="nvidia.com/gpu.memory label seen (the smallest).")
+    disagreements: list[str] = Field(default_factory=list, description="Where the nodes contradict the spec.")
+    conditions: list[Condition] = Field(default_factory=list, max_length=16)

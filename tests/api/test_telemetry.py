@@ -44,5 +44,6 @@ def test_measured_beside_predicted(plan, comm, tokens_per_second, finished, expe
 ])
 def test_progress_and_eta(status, step, total, started, eta):
     got = progress(status, step, total, 1.5, 900.0, 12345, started, now=START + timedelta(minutes=30))
-    assert got.model_dump(by_alias=True) == {"step": step, "totalSteps": total, "loss": 1.5, "tokensPerSecond": 900.0,
-                                             "trainedTokens": 12345, "etaSeconds": eta}
+    percent = {(10, 40): 25.0, (40, 40): 100.0, (0, 40): 0.0}.get((step, total))
+    assert got.model_dump(by_alias=True) == {"step": step, "totalSteps": total, "percent": percent, "loss": 1.5,
+                                             "tokensPerSecond": 900.0, "trainedTokens": 12345, "etaSeconds": eta}

@@ -1,0 +1,191 @@
+"""The CustomResourceDefinitions, generated from the typed contracts in spec.py (pure; one source of truth).
+
+`python -m tunewright_operator.crds [--out charts/tunewright/crds]` writes them; a test fails when the
+committed YAML drifts from what this module generates.
+
+Pydantic's JSON Schema becomes a Kubernetes structural schema: references inlined, `X | None` as an
+optional `X` (absent, not null: so `has()` in a CEL rule means set, and a merge patch of null removes a
+field), exclusive bounds in OpenAPI v3.0 form, no `additionalProperties: false` (the API server prunes
+unknown fields instead), descriptions kept for `kubectl explain`. Rules that span fields are CEL
+`x-kubernetes-validations`; the status keeps room for kopf's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from tunewright_operator.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, GPUPoolStatus
+
+GROUP, VERSION = "tunewright.dev", "v1alpha1"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "charts" / "tunewright" / "crds"
+DROPPED_KEYWORDS = {"title", "$defs", "discriminator"}
+
+# Rules a field's own schema cannot state, where they span fields (CEL, checked by the API server).
+CEL_RULES: dict[tuple[str, ...], list[dict]] = {
+    ("hyperparameters",): [
+        {"rule": "!(has(self.globalBatchSize) && has(self.globalBatchTokens))",
+         "message": "set globalBatchSize or globalBatchTokens, not both"},
+        {"rule": "!has(self.globalBatchTokens) || self.globalBatchTokens % self.seqLen == 0",
+         "message": "globalBatchTokens must be a multiple of seqLen"},
+    ],
+}
+LIST_MAP_KEYS = {"conditions": ["type"]}  # lists merged by key (the metav1.Condition convention)
+
+
+def structural(model: type[BaseModel]) -> dict:
+    """A model's JSON Schema (camelCase, as on the wire) as a Kubernetes structural schema."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    return _convert(schema, schema.get("$defs", {}))
+
+
+def _convert(node: Any, defs: dict) -> Any:
+    if isinstance(node, list):
+        return [_convert(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**copy.deepcopy(target), **{k: v for k, v in node.items() if k != "$ref"}}
+        return _convert(merged, defs)
+    options = node.get("anyOf")
+    if options is not None:
+        kept = [o for o in options if o.get("type") != "null"]
+        if len(kept) != 1:
+            raise ValueError(f"not expressible as a structural schema: anyOf {options}")
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        return {**_convert(kept[0], defs), **_convert(rest, defs)}
+    out: dict = {}
+    for key, value in node.items():
+        if key in DROPPED_KEYWORDS or (key == "additionalProperties" and value is False):
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum"):  # JSON Schema 2020 → OpenAPI v3.0
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "default" and value is None:
+            continue
+        elif key in ("properties", "patternProperties"):
+            out[key] = {name: _convert(sub, defs) for name, sub in value.items()}
+        else:
+            out[key] = _convert(value, defs)
+    if "enum" in out and "type" not in out:
+        kinds = {type(v) for v in out["enum"]}
+        out["type"] = {str: "string", int: "integer", bool: "boolean", float: "number"}[kinds.pop()]
+    if "properties" in out and "type" not in out:
+        out["type"] = "object"
+    return out
+
+
+def _annotate(schema: dict, path: tuple[str, ...] = ()) -> dict:
+    """CEL rules and list-map keys at their paths."""
+    if path in CEL_RULES:
+        schema["x-kubernetes-validations"] = CEL_RULES[path]
+    for name, sub in schema.get("properties", {}).items():
+        if name in LIST_MAP_KEYS and sub.get("type") == "array":
+            sub["x-kubernetes-list-type"] = "map"
+            sub["x-kubernetes-list-map-keys"] = LIST_MAP_KEYS[name]
+        _annotate(sub, (*path, name))
+    return schema
+
+
+def _root(description: str, spec: dict, status: dict) -> dict:
+    status.setdefault("properties", {})["kopf"] = {
+        "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+        "description": "The operator framework's own bookkeeping (kopf): handler progress.",
+    }
+    return {"type": "object", "description": description, "required": ["spec"], "properties": {
+        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "metadata": {"type": "object"},
+        "spec": spec, "status": status}}
+
+
+def _column(name: str, type_: str, path: str, description: str, priority: int = 0) -> dict:
+    column = {"name": name, "type": type_, "jsonPath": path, "description": description}
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+def _crd(kind: str, plural: str, short: str, scope: str, root: dict, columns: list[dict]) -> dict:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "tunewright"}},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                      "shortNames": [short], "categories": ["tunewright"]},
+            "scope": scope,
+            "versions": [{"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
+                          "additionalPrinterColumns": columns, "schema": {"openAPIV3Schema": root}}],
+        },
+    }
+
+
+def finetunejob_crd() -> dict:
+    spec = _annotate(structural(FineTuneJobSpec))
+    spec["description"] = "What to fine-tune; tunewright decides how (the plan, in status)."
+    root = _root("A fine-tuning job: planned on a GPUPool and run as a KubeRay RayJob.", spec,
+                 _annotate(structural(FineTuneJobStatus)))
+    columns = [
+        _column("Phase", "string", ".status.phase", "Where the job is in its life."),
+        _column("Strategy", "string", ".status.plan.strategy", "single, ddp, fsdp or hsdp, as planned."),
+        _column("GPUs", "integer", ".status.plan.gpus", "GPUs the plan holds."),
+        _column("Progress", "number", ".status.progress.percent", "Optimizer steps done, percent."),
+        _column("MFU", "number", ".status.telemetry.mfu", "Model FLOPs utilization, measured."),
+        _column("Comm", "number", ".status.telemetry.commShare", "Share of the step in collectives, measured."),
+        _column("Cost", "number", ".status.telemetry.costUSD", "USD so far: GPUs held x time x price."),
+        _column("Age", "date", ".metadata.creationTimestamp", "Since the job was created."),
+        _column("Pool", "string", ".spec.resources.pool", "The GPUPool it runs on.", priority=1),
+        _column("RayJob", "string", ".status.rayJobName", "The RayJob running it.", priority=1),
+    ]
+    return _crd("FineTuneJob", "finetunejobs", "ftj", "Namespaced", root, columns)
+
+
+def gpupool_crd() -> dict:
+    spec = structural(GPUPoolSpec)
+    spec["description"] = "A pool of GPU nodes that jobs are planned on."
+    root = _root("GPU nodes of one type and network, their price, and the worker image.", spec,
+                 _annotate(structural(GPUPoolStatus)))
+    columns = [
+        _column("GPU", "string", ".spec.gpu", "GPU type."),
+        _column("Per-Node", "integer", ".spec.gpusPerNode", "GPUs per node."),
+        _column("Nodes", "integer", ".status.nodes", "Matching nodes found."),
+        _column("Allocatable", "integer", ".status.allocatableGPUs", "nvidia.com/gpu allocatable on them."),
+        _column("Price", "number", ".spec.pricePerGPUHour", "USD per GPU-hour."),
+        _column("Default", "boolean", ".spec.default", "Jobs naming no pool run here."),
+        _column("Age", "date", ".metadata.creationTimestamp", "Since the pool was created."),
+    ]
+    return _crd("GPUPool", "gpupools", "gpool", "Cluster", root, columns)
+
+
+def crds() -> dict[str, dict]:
+    """File name → CustomResourceDefinition."""
+    return {f"{GROUP}_finetunejobs.yaml": finetunejob_crd(), f"{GROUP}_gpupools.yaml": gpupool_crd()}
+
+
+def render(crd: dict) -> str:
+    header = "# Generated by `python -m tunewright_operator.crds` from operator/tunewright_operator/spec.py: do not edit.\n"
+    return header + yaml.safe_dump(crd, sort_keys=False, width=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tunewright_operator.crds", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder to write the CRD YAML into")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, crd in crds().items():
+        (args.out / name).write_text(render(crd))
+        print(args.out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
