@@ -109,6 +109,12 @@ class ResourcesSpec(CamelModel):
     budget_usd: PositiveFloat | None = Field(default=None, alias="budgetUSD",
                                              description="Fastest plan whose predicted cost fits this budget.")
     queue: str | None = Field(default=None, description="Kueue LocalQueue name.")
+    deadline_seconds: PositiveInt | None = Field(
+        default=None, description="Wall-clock limit of the run (RayJob activeDeadlineSeconds); without a budget, "
+                                  "the cheapest plan predicted to finish within it.")
+    max_retries: Annotated[int, Field(ge=0, le=100)] = Field(
+        default=2, description="New Ray clusters after a failure (RayJob backoffLimit); each resumes from the "
+                               "newest checkpoint.")
 
 
 class CheckpointSpec(CamelModel):
@@ -116,6 +122,9 @@ class CheckpointSpec(CamelModel):
 
     storage: str | None = Field(default=None, description='Checkpoint storage: "s3://...", "pvc://...", "/path".')
     every_steps: PositiveInt | None = Field(default=None, description="Checkpoint period in optimizer steps.")
+    credentials_secret: str | None = Field(
+        default=None, max_length=253, description="Secret (same namespace) whose keys become the workers' "
+                                                  "environment, for object-store storage (e.g. AWS_ACCESS_KEY_ID).")
 
 
 class EvaluationSpec(CamelModel):

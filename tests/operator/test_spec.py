@@ -68,3 +68,15 @@ def test_steps_come_from_epochs_and_dataset_size():
     assert workload(spec, CATALOG["gpt2"], dataset_tokens=8 * 1024 * 10 + 1).steps == 22
     with pytest.raises(ValueError, match="maxSteps: needed"):
         workload(spec, CATALOG["gpt2"], dataset_tokens=None)
+
+
+def test_a_deadline_without_a_budget_asks_for_the_cheapest_plan_that_meets_it():
+    cal, h200 = calibration.load()
+    pool = Pool("h200", h200, 8, 1, LINKS["nvlink4"], None, 3.5)
+    base = {**SPEC, "resources": {"maxGPUs": 8}, "hyperparameters": {"maxSteps": 2000, "globalBatchSize": 64}}
+    cheapest = plan_job(FineTuneJobSpec.model_validate(base), pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
+    deadline = int(cheapest.predicted.duration_seconds * 0.6)  # the cheapest is too slow for it
+    rushed = plan_job(FineTuneJobSpec.model_validate({**base, "resources": {"maxGPUs": 8, "deadlineSeconds": deadline}}),
+                      pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
+    assert rushed.predicted.duration_seconds <= deadline < cheapest.predicted.duration_seconds
+    assert rushed.predicted.cost_usd >= cheapest.predicted.cost_usd and "cheapest-within-deadline" in rushed.explanation

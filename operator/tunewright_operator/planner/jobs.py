@@ -26,6 +26,8 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
 def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profile: ModelProfile,
              dataset_tokens: int | None = None) -> JobPlan:
     res = spec.resources
-    objective = "fastest-within-budget" if res.budget_usd is not None else "cheapest"
+    objective = ("fastest-within-budget" if res.budget_usd is not None
+                 else "cheapest-within-deadline" if res.deadline_seconds is not None else "cheapest")
     return plan(workload(spec, profile, dataset_tokens), pool, calibration, objective=objective,
-                strategy=res.strategy, max_gpus=res.max_gpus, budget_usd=res.budget_usd)
+                strategy=res.strategy, max_gpus=res.max_gpus, budget_usd=res.budget_usd,
+                deadline_seconds=res.deadline_seconds)

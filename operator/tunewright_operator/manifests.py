@@ -1,0 +1,232 @@
+"""What the operator creates for a FineTuneJob, as pure functions: the RayJob (KubeRay `ray.io/v1`), the
+ConfigMap holding the runtime's job config and the Secret holding the per-job telemetry token.
+
+Everything is owned by the FineTuneJob (deleting it deletes them) and named from it deterministically, so
+a reconcile that runs twice, or after an operator restart, finds what it created instead of making more.
+Users never write pod templates: the plan sizes the worker group (one pod per node), the pool gives the
+image, node selector and tolerations, and the spec's storage URIs become volumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from tunewright_operator.jobconfig import runtime_config
+from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+
+API_VERSION = "tunewright.dev/v1alpha1"
+RAY_VERSION = "2.60.0"  # the Ray the runtime is tested with; the worker image must carry it
+CONFIG_DIR = "/etc/tunewright"
+PVC_ROOT = "/mnt/pvc"
+HEAD_CPU, HEAD_MEMORY_GIB = 2, 8  # the head runs the Ray driver and the job submitter only
+WORKER_CPU_PER_GPU, WORKER_MEMORY_GIB_PER_GPU = 4, 32  # data loading and host-side work per training process
+SHM_SHARE = 0.25  # of a worker's memory, for /dev/shm (NCCL's buffers, Ray's object store)
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_LABEL = "tunewright.dev/finetunejob"
+PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/(?P<path>.*))?$")
+
+
+class ManifestError(ValueError):
+    """The spec cannot be run on a cluster as written; the message names the field and says why."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The FineTuneJob being realized, and the tunewright API's id for it (the `tunewright.dev/job-id`
+    annotation: the API's job its workers report telemetry to)."""
+
+    namespace: str
+    name: str
+    uid: str
+    job_id: str
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The operator's own settings (from its command line / the chart's values)."""
+
+    api_url: str  # how workers reach the tunewright API (telemetry)
+    ttl_seconds_after_finished: int = 600
+    default_checkpoint_storage: str | None = None  # e.g. pvc://tunewright-checkpoints
+
+
+@dataclass
+class Volumes:
+    """PersistentVolumeClaims named by the spec's URIs: each mounted once, read-only unless written."""
+
+    writable: set[str] = field(default_factory=set)
+    claims: list[str] = field(default_factory=list)
+
+    def path(self, uri: str, field_name: str, writable: bool = False) -> str:
+        """Where the pods see `uri` (pvc:// becomes a mount; other forms are read in place)."""
+        match = PVC_URI.match(uri)
+        if uri.startswith("pvc://") and match is None:
+            raise ManifestError(f"{field_name}: {uri!r} is not pvc://<claim>[/path] with a valid claim name")
+        if match is None:
+            return uri
+        claim = match["claim"]
+        if claim not in self.claims:
+            self.claims.append(claim)
+        if writable:
+            self.writable.add(claim)
+        return str(PurePosixPath(PVC_ROOT, claim, match["path"] or ""))
+
+    def pod_volumes(self) -> list[dict]:
+        return [{"name": volume_name(c), "persistentVolumeClaim": {"claimName": c, "readOnly": c not in self.writable}}
+                for c in self.claims]
+
+    def mounts(self) -> list[dict]:
+        return [{"name": volume_name(c), "mountPath": f"{PVC_ROOT}/{c}", "readOnly": c not in self.writable}
+                for c in self.claims]
+
+
+def volume_name(claim: str) -> str:
+    return f"pvc-{short_hash(claim)}"
+
+
+def short_hash(text: str, length: int = 6) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def ray_job_name(target: Target) -> str:
+    """Stable for one FineTuneJob (its uid), unique across re-creations under the same name; short enough
+    for KubeRay's derived names (cluster, head service, pods)."""
+    return f"{target.name[:36].rstrip('-.')}-{short_hash(target.uid)}"
+
+
+def owner_reference(target: Target) -> dict:
+    return {"apiVersion": API_VERSION, "kind": "FineTuneJob", "name": target.name, "uid": target.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def labels(target: Target) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "tunewright", "app.kubernetes.io/component": "training",
+            "app.kubernetes.io/managed-by": "tunewright-operator", JOB_LABEL: target.name}
+
+
+def metadata(target: Target, name: str, extra_labels: dict[str, str] | None = None) -> dict:
+    return {"name": name, "namespace": target.namespace, "labels": {**labels(target), **(extra_labels or {})},
+            "ownerReferences": [owner_reference(target)]}
+
+
+def cluster_runtime_config(target: Target, spec: FineTuneJobSpec, plan: JobPlan, settings: ClusterSettings,
+                           volumes: Volumes) -> dict:
+    """The runtime's job config with the pods' paths: checkpoints and outputs on the checkpoint storage
+    (a volume every pod mounts, so the driver and every rank see the same files)."""
+    storage = spec.checkpoint.storage or settings.default_checkpoint_storage
+    if storage is None:
+        raise ManifestError("checkpoint.storage: needed on a cluster (pvc://claim/path or an object-store URI): "
+                            "each retry is a new Ray cluster and resumes from there")
+    for field_name, value in (("dataset.train", spec.dataset.train), ("dataset.validation", spec.dataset.validation)):
+        if value and value.startswith("file-"):
+            raise ManifestError(f"{field_name}: uploaded files ({value}) reach the workers through the API, which "
+                                "this operator version does not do yet; use pvc://claim/path")
+    name = ray_job_name(target)
+    checkpoints = volumes.path(storage, "checkpoint.storage", writable=True)
+    if "://" in checkpoints:
+        raise ManifestError(f"checkpoint.storage: {storage!r}: the exported model and results need a shared "
+                            "filesystem; use pvc://claim/path")
+    train = volumes.path(spec.dataset.train, "dataset.train")
+    validation = volumes.path(spec.dataset.validation, "dataset.validation") if spec.dataset.validation else None
+    config = runtime_config(spec, plan, name=name, output_dir=f"{checkpoints}/{name}/output", train=train,
+                            validation=validation, checkpoint_storage=checkpoints,
+                            telemetry_endpoint=f"{settings.api_url.rstrip('/')}/v1/internal/jobs/{target.job_id}"
+                                               "/telemetry")
+    config["model"]["source"] = volumes.path(spec.model.source, "model.source")
+    return config
+
+
+def config_map(target: Target, config: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": metadata(target, f"{ray_job_name(target)}-config"),
+            "data": {"job.json": json.dumps(config, indent=2, sort_keys=True)}}
+
+
+def telemetry_secret(target: Target, token: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": metadata(target, f"{ray_job_name(target)}-telemetry"), "stringData": {"token": token}}
+
+
+def nccl_environment(pool: GPUPoolSpec) -> list[dict]:
+    env = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if pool.inter_node is not None:
+        env["NCCL_IB_DISABLE"] = "0" if pool.inter_node.startswith("ib-") else "1"
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _container(name: str, image: str, resources: dict, env: list[dict], mounts: list[dict],
+               env_from: list[dict]) -> dict:
+    container = {"name": name, "image": image, "resources": resources, "env": env, "volumeMounts": mounts,
+                 "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+    if env_from:
+        container["envFrom"] = env_from
+    return container
+
+
+def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolSpec,
+            settings: ClusterSettings) -> tuple[dict, dict]:
+    """The RayJob and the runtime config it runs (the caller stores that in `config_map`)."""
+    if plan.device != "gpu" or plan.gpus % plan.nodes:
+        raise ValueError(f"a cluster plan spreads GPUs evenly over nodes, got {plan.gpus} over {plan.nodes}")
+    volumes = Volumes()
+    config = cluster_runtime_config(target, spec, plan, settings, volumes)
+    name = ray_job_name(target)
+    gpus_per_pod = plan.gpus // plan.nodes
+    token = {"name": "TUNEWRIGHT_TELEMETRY_TOKEN",
+             "valueFrom": {"secretKeyRef": {"name": f"{name}-telemetry", "key": "token"}}}
+    env_from = ([{"secretRef": {"name": spec.checkpoint.credentials_secret}}]
+                if spec.checkpoint.credentials_secret else [])
+    host_gib = WORKER_MEMORY_GIB_PER_GPU * gpus_per_pod + (
+        plan.predicted.host_memory_gib_per_node if plan.predicted and plan.cpu_offload else 0)
+    memory = f"{int(host_gib)}Gi"
+    shm = {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{int(host_gib * SHM_SHARE)}Gi"}}
+    worker_mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *volumes.mounts()]
+    config_volume = {"name": "job-config", "configMap": {"name": f"{name}-config"}}
+    head_mounts = [{"name": "job-config", "mountPath": CONFIG_DIR, "readOnly": True}, *volumes.mounts()]
+    scheduling = {"nodeSelector": dict(pool.node_selector),
+                  "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in pool.tolerations]}
+    pod_security = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    head = {
+        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {"metadata": {"labels": labels(target)}, "spec": {
+            "securityContext": pod_security,
+            "containers": [_container(
+                "ray-head", pool.worker_image,
+                {"requests": {"cpu": str(HEAD_CPU), "memory": f"{HEAD_MEMORY_GIB}Gi"},
+                 "limits": {"memory": f"{HEAD_MEMORY_GIB}Gi"}},
+                [token], head_mounts, env_from)],
+            "volumes": [config_volume, *volumes.pod_volumes()],
+        }},
+    }
+    workers = {
+        "groupName": "gpu-workers", "replicas": plan.nodes, "minReplicas": plan.nodes, "maxReplicas": plan.nodes,
+        "rayStartParams": {},
+        "template": {"metadata": {"labels": labels(target)}, "spec": {
+            **scheduling, "securityContext": pod_security,
+            "containers": [_container(
+                "ray-worker", pool.worker_image,
+                {"requests": {"cpu": str(WORKER_CPU_PER_GPU * gpus_per_pod), "memory": memory,
+                              "nvidia.com/gpu": str(gpus_per_pod)},
+                 "limits": {"memory": memory, "nvidia.com/gpu": str(gpus_per_pod)}},
+                [token, *nccl_environment(pool)], worker_mounts, env_from)],
+            "volumes": [shm, *volumes.pod_volumes()],
+        }},
+    }
+    queue = {QUEUE_LABEL: spec.resources.queue} if spec.resources.queue else {}
+    body = {
+        "entrypoint": f"python -m tunewright_jobs.run --config {CONFIG_DIR}/job.json",
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+        "backoffLimit": spec.resources.max_retries,
+        # Kueue admits a queued job by unsuspending it; a suspended FineTuneJob holds its RayJob
+        "suspend": spec.suspend or bool(queue),
+        "rayClusterSpec": {"rayVersion": RAY_VERSION, "headGroupSpec": head, "workerGroupSpecs": [workers]},
+    }
+    if spec.resources.deadline_seconds:
+        body["activeDeadlineSeconds"] = spec.resources.deadline_seconds
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": metadata(target, name, queue),
+            "spec": body}, config
