@@ -80,7 +80,7 @@ def observe(ray_status: dict | None, *, suspend_requested: bool, backoff_limit: 
         return Observation("Queued", "ClusterStarting", "starting the Ray cluster: pods scheduling, images pulling")
     if deployment == "Running":
         return Observation("Queued", "Submitting", "the Ray cluster is up; the job is being submitted")
-    return Observation("Queued", "RayJobCreated", "the RayJob is created; waiting for KubeRay")
+    return Observation("Queued", "WaitingForKubeRay", "the RayJob is created; waiting for KubeRay to start it")
 
 
 def _problem_reason(event_reason: str) -> str:

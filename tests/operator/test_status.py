@@ -11,8 +11,8 @@ UNSCHEDULABLE = PodProblem("FailedScheduling", "0/8 nodes are available: 8 Insuf
 
 
 @pytest.mark.parametrize(("deployment", "job", "extra", "suspend", "problem", "phase", "reason"), [
-    (None, None, {}, False, None, "Queued", "RayJobCreated"),
-    ("", "", {}, False, None, "Queued", "RayJobCreated"),
+    (None, None, {}, False, None, "Queued", "WaitingForKubeRay"),
+    ("", "", {}, False, None, "Queued", "WaitingForKubeRay"),
     ("Initializing", "", {}, False, None, "Queued", "ClusterStarting"),
     ("Initializing", "", {}, False, UNSCHEDULABLE, "Queued", "Unschedulable"),
     ("Initializing", "", {}, False, PodProblem("ErrImagePull", "pull access denied"), "Queued", "ImagePullBackOff"),

@@ -1,0 +1,211 @@
+"""Reconciling a FineTuneJob: validate → resolve its pool → plan → create what runs it → mirror its state.
+
+Written against `Cluster`, the few API-server calls the operator makes (k8s.py implements it with the
+Kubernetes client; tests use an in-memory one), so each step can be checked and interrupted. Every step
+first looks at what exists, so a reconcile that dies after any write and runs again ends with exactly one
+of each object and a consistent status. The operator is the only writer of a FineTuneJob's status.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from pydantic import ValidationError
+
+from tunewright_operator import manifests
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import LINKS, Pool
+from tunewright_operator.planner.jobs import plan_job
+from tunewright_operator.planner.models import lookup
+from tunewright_operator.planner.search import NoPlan
+from tunewright_operator.spec import TERMINAL_PHASES, FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan
+from tunewright_operator.status import Observation, PodProblem, observe, pod_problem, with_condition
+
+JOB_ID_ANNOTATION = "tunewright.dev/job-id"  # the API's id for the job (set by the API, or the operator)
+DATASET_BYTES_ANNOTATION = "tunewright.dev/dataset-bytes"  # the training file's size, when the API knows it
+TOKEN_HASH_ANNOTATION = "tunewright.dev/telemetry-token-sha256"
+JSONL_BYTES_PER_TOKEN = 4
+
+
+class Cluster(Protocol):
+    def get(self, kind: str, namespace: str | None, name: str) -> dict | None: ...
+
+    def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None) -> list[dict]: ...
+
+    def create(self, obj: dict) -> dict:
+        """Raises `AlreadyExists` when an object of that name exists."""
+
+    def patch(self, kind: str, namespace: str | None, name: str, patch: dict) -> None: ...
+
+    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict) -> None: ...
+
+    def event(self, regarding: dict, type_: str, reason: str, message: str) -> None: ...
+
+
+class AlreadyExists(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one reconcile decided (for the handler's log and its retry)."""
+
+    phase: str
+    reason: str
+    message: str
+    retry: bool  # look again later (nothing else will wake this job: e.g. a pool may appear)
+
+
+def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, now: datetime) -> Outcome:
+    meta = job["metadata"]
+    namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
+    status = FineTuneJobStatus.model_validate(job.get("status") or {})
+    target = manifests.Target(namespace, name, meta["uid"], meta.get("annotations", {}).get(JOB_ID_ANNOTATION)
+                              or f"k8s-{meta['uid']}")
+
+    def settle(observation: Observation, retry: bool = False, **fields) -> Outcome:
+        nonlocal status
+        updated = status.model_copy(update={
+            "phase": observation.phase, "observed_generation": generation,
+            "conditions": with_condition(status.conditions, observation, generation, now), **fields})
+        if updated != status:
+            cluster.patch_status("FineTuneJob", namespace, name,
+                                 updated.model_dump(by_alias=True, mode="json", exclude_none=True))
+        if observation.phase != status.phase:
+            warning = observation.phase == "Failed" or observation.reason in ("Unschedulable", "ImagePullBackOff")
+            cluster.event(job, "Warning" if warning else "Normal", observation.reason, observation.message)
+        status = updated
+        return Outcome(observation.phase, observation.reason, observation.message, retry)
+
+    if status.phase in TERMINAL_PHASES:
+        return Outcome(status.phase, "Finished", "nothing to do", False)
+    try:
+        spec = FineTuneJobSpec.model_validate(job.get("spec") or {})
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        return settle(Observation("Failed", "InvalidSpec", f"spec.{field}: {first['msg']}"))
+
+    ray_job = cluster.get("RayJob", namespace, manifests.ray_job_name(target))
+    plan = status.plan
+    if ray_job is None:
+        if status.plan is None or status.observed_generation != generation:  # (re)plan until something runs
+            pool_name, pool, why_not = resolve_pool(spec, cluster)
+            if pool is None:
+                return settle(Observation("Pending", "PoolNotFound", why_not), retry=True)
+            try:
+                plan = plan_on_pool(spec, pool_name, pool, job)
+            except (NoPlan, ValueError) as err:
+                return settle(Observation("Failed", "NoPlan", str(err)))
+            settle(Observation("Planned", "Planned", plan.explanation), plan=plan)
+        pool_name, pool, why_not = resolve_pool(spec, cluster, plan.pool)
+        if pool is None:
+            return settle(Observation("Pending", "PoolNotFound", why_not), retry=True)
+        try:
+            ray_job = create_run(cluster, job, target, spec, plan, pool, settings)
+        except manifests.ManifestError as err:
+            return settle(Observation("Failed", "InvalidSpec", str(err)))
+    elif ray_job["spec"].get("suspend", False) != (desired := wants_suspend(spec, ray_job)):
+        cluster.patch("RayJob", namespace, ray_job["metadata"]["name"], {"spec": {"suspend": desired}})
+
+    ray_status = ray_job.get("status") or {}
+    observation = observe(ray_status, suspend_requested=spec.suspend, backoff_limit=spec.resources.max_retries,
+                          pod_problem=pod_problem_of(cluster, namespace, ray_status))
+    return settle(observation, retry=observation.phase not in TERMINAL_PHASES,
+                  ray_job_name=ray_job["metadata"]["name"],
+                  dashboard_url=ray_status.get("dashboardURL") or status.dashboard_url,
+                  start_time=kubernetes_time(ray_status.get("startTime")) or status.start_time,
+                  completion_time=kubernetes_time(ray_status.get("endTime"))
+                  if observation.phase in TERMINAL_PHASES else None)
+
+
+def kubernetes_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def wants_suspend(spec: FineTuneJobSpec, ray_job: dict) -> bool:
+    """The RayJob's suspend as it should be: the user's, unless a queue (Kueue) holds it."""
+    queued = manifests.QUEUE_LABEL in ray_job["metadata"].get("labels", {})
+    return spec.suspend or (queued and ray_job["spec"].get("suspend", False))
+
+
+def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = None
+                 ) -> tuple[str | None, GPUPoolSpec | None, str]:
+    """The pool named by the spec (or the plan), else the one marked default; why not when there is none."""
+    wanted = name or spec.resources.pool
+    if wanted:
+        found = cluster.get("GPUPool", None, wanted)
+        if found is None:
+            return wanted, None, f"no GPUPool {wanted}: create it, or set resources.pool to an existing one"
+        return wanted, GPUPoolSpec.model_validate(found["spec"]), ""
+    defaults = [p for p in cluster.list("GPUPool") if p["spec"].get("default")]
+    if len(defaults) != 1:
+        names = ", ".join(sorted(p["metadata"]["name"] for p in defaults))
+        why = (f"several GPUPools are marked default ({names}): set resources.pool" if defaults else
+               "no GPUPool is marked default: set resources.pool, or create a pool with default: true")
+        return None, None, why
+    pool = defaults[0]
+    return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), ""
+
+
+def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: dict) -> JobPlan:
+    profile = lookup(spec.model.source)
+    if profile is None:
+        raise ValueError(f"model.source: {spec.model.source} is not in the planner's catalog; a model read from "
+                         "a volume is planned from its config.json by the API (tunewright plan) for now")
+    described = Pool(pool_name, calibration.for_gpu(pool.gpu), pool.gpus_per_node, pool.max_nodes,
+                     LINKS[pool.intra_node], LINKS[pool.inter_node] if pool.inter_node else None,
+                     pool.price_per_gpu_hour, pool.host_memory_gib)
+    dataset_bytes = job["metadata"].get("annotations", {}).get(DATASET_BYTES_ANNOTATION)
+    tokens = int(dataset_bytes) // JSONL_BYTES_PER_TOKEN if dataset_bytes and dataset_bytes.isdigit() else None
+    cal, _ = calibration.load()
+    return plan_job(spec, described, cal, profile, tokens)
+
+
+def create_run(cluster: Cluster, job: dict, target: manifests.Target, spec: FineTuneJobSpec, plan: JobPlan,
+               pool: GPUPoolSpec, settings: manifests.ClusterSettings) -> dict:
+    """The Secret, the ConfigMap, then the RayJob (last: it is what the next reconcile looks for)."""
+    ray_job, config = manifests.ray_job(target, spec, plan, pool, settings)
+    secret = cluster.get("Secret", target.namespace, f"{manifests.ray_job_name(target)}-telemetry")
+    if secret is None:
+        secret = _create(cluster, manifests.telemetry_secret(target, "tw-" + secrets.token_urlsafe(32)))
+    # the API checks the workers' token against this hash (not a secret: a sha256 of 256 random bits)
+    digest = hashlib.sha256(secret_token(secret).encode()).hexdigest()
+    if job["metadata"].get("annotations", {}).get(TOKEN_HASH_ANNOTATION) != digest:
+        cluster.patch("FineTuneJob", target.namespace, target.name,
+                      {"metadata": {"annotations": {TOKEN_HASH_ANNOTATION: digest}}})
+    _create(cluster, manifests.config_map(target, config))
+    created = _create(cluster, ray_job)
+    cluster.event(job, "Normal", "RayJobCreated", f"created RayJob {ray_job['metadata']['name']}: {plan.strategy} "
+                                                  f"on {plan.gpus} GPU(s), {plan.nodes} node(s)")
+    return created
+
+
+def secret_token(secret: dict) -> str:
+    """The token as written (stringData) or as the API server returns it (base64 data)."""
+    if "stringData" in secret:
+        return secret["stringData"]["token"]
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def _create(cluster: Cluster, obj: dict) -> dict:
+    try:
+        return cluster.create(obj)
+    except AlreadyExists:  # created by an earlier reconcile that died before finishing
+        return cluster.get(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+
+
+def pod_problem_of(cluster: Cluster, namespace: str, ray_status: dict) -> PodProblem | None:
+    """Why the Ray cluster's pods do not start, from their events (only while it is starting)."""
+    cluster_name = ray_status.get("rayClusterName")
+    if not cluster_name or ray_status.get("jobDeploymentStatus") not in ("Initializing", "Waiting", ""):
+        return None
+    pods = cluster.list("Pod", namespace, label_selector=f"ray.io/cluster={cluster_name}")
+    names = {p["metadata"]["name"] for p in pods}
+    events = [e for e in cluster.list("Event", namespace) if e.get("involvedObject", {}).get("name") in names]
+    return pod_problem(events)

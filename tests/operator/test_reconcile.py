@@ -1,0 +1,156 @@
+"""The reconciler against an in-memory API server, playing KubeRay by writing the RayJob's status:
+submit → planned → RayJob created → running → succeeded; infeasible; no pool; unschedulable; suspend and
+resume; and an operator killed before every write of a reconcile ends with exactly one of each object."""
+
+import base64
+import hashlib
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.support.fake_cluster import Crash, FakeCluster
+from tunewright_operator.manifests import ClusterSettings, Target, ray_job_name
+from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, reconcile
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+SETTINGS = ClusterSettings(api_url="http://tunewright-api.tunewright.svc:8000")
+POOL = {"apiVersion": "tunewright.dev/v1alpha1", "kind": "GPUPool", "metadata": {"name": "h100"},
+        "spec": {"gpu": "H100", "gpusPerNode": 8, "maxNodes": 2, "intraNode": "nvlink4", "interNode": "ib-8x400g",
+                 "pricePerGPUHour": 2.5, "workerImage": "example/worker:0.1.0", "default": True}}
+SPEC = {"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "method": {"type": "lora"},
+        "dataset": {"train": "pvc://datasets/support/train.jsonl"},
+        "hyperparameters": {"maxSteps": 500, "globalBatchSize": 64},
+        "checkpoint": {"storage": "pvc://checkpoints/llama", "everySteps": 100}}
+
+
+def finetunejob(spec=None, name="llama-lora") -> dict:
+    return {"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
+            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}"}, "spec": spec or SPEC}
+
+
+def cluster_with(*objects, crash_after=None) -> FakeCluster:
+    cluster = FakeCluster(crash_after_writes=crash_after)
+    for obj in objects:
+        cluster.add(obj)
+    return cluster
+
+
+def run(cluster, name="llama-lora", at=NOW):
+    return reconcile(cluster.get("FineTuneJob", "team-a", name), cluster, SETTINGS, at)
+
+
+def job_status(cluster, name="llama-lora") -> dict:
+    return cluster.get("FineTuneJob", "team-a", name)["status"]
+
+
+def rayjob(cluster, name="llama-lora") -> dict:
+    (found,) = cluster.list("RayJob", "team-a")
+    return found
+
+
+def kuberay_writes(cluster, status: dict) -> None:
+    found = rayjob(cluster)
+    cluster.objects[("RayJob", "team-a", found["metadata"]["name"])]["status"] = status
+
+
+def test_submitted_planned_created_running_succeeded():
+    cluster = cluster_with(POOL, finetunejob())
+    outcome = run(cluster)
+    status = job_status(cluster)
+    assert outcome.phase == status["phase"] == "Queued" and outcome.retry
+    assert status["plan"]["pool"] == "h100" and status["plan"]["strategy"] in ("single", "ddp", "fsdp")
+    assert status["rayJobName"] == ray_job_name(Target("team-a", "llama-lora", "uid-llama-lora", "x"))
+    assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)
+    assert [e["reason"] for e in cluster.events] == ["Planned", "RayJobCreated", "WaitingForKubeRay"]
+    kuberay_writes(cluster, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                             "dashboardURL": "llama-head-svc:8265", "startTime": "2026-12-01T12:01:00Z"})
+    assert run(cluster, at=NOW + timedelta(minutes=1)).phase == "Running"
+    status = job_status(cluster)
+    assert status["dashboardURL"] == "llama-head-svc:8265" and status["startTime"].startswith("2026-12-01T12:01")
+    running = {c["type"]: c for c in status["conditions"]}["Running"]
+    assert (running["status"], running["reason"]) == ("True", "Training")
+    kuberay_writes(cluster, {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
+                             "startTime": "2026-12-01T12:01:00Z", "endTime": "2026-12-01T13:00:00Z"})
+    outcome = run(cluster, at=NOW + timedelta(hours=1))
+    assert (outcome.phase, outcome.retry) == ("Succeeded", False)
+    assert job_status(cluster)["completionTime"].startswith("2026-12-01T13:00")
+    writes = cluster.writes
+    run(cluster, at=NOW + timedelta(hours=2))
+    assert cluster.writes == writes  # finished: nothing more to say
+
+
+def test_an_infeasible_job_fails_with_the_planners_reasons_before_any_gpu_is_requested():
+    spec = {**SPEC, "model": {"source": "meta-llama/Llama-3.1-70B"}, "method": {"type": "full"},
+            "resources": {"maxGPUs": 1}}
+    cluster = cluster_with(POOL, finetunejob(spec))
+    outcome = run(cluster)
+    assert (outcome.phase, outcome.reason) == ("Failed", "NoPlan") and "does not fit" in outcome.message
+    assert cluster.count("RayJob") == cluster.count("Secret") == 0
+    failed = {c["type"]: c for c in job_status(cluster)["conditions"]}["Failed"]
+    assert failed["status"] == "True" and "does not fit" in failed["message"]
+    assert cluster.events[-1]["type"] == "Warning"
+
+
+def test_without_a_pool_the_job_waits_and_says_what_to_do():
+    cluster = cluster_with(finetunejob())
+    outcome = run(cluster)
+    assert (outcome.phase, outcome.reason, outcome.retry) == ("Pending", "PoolNotFound", True)
+    assert "default: true" in outcome.message
+    cluster.add(POOL)
+    assert run(cluster).phase == "Queued" and cluster.count("RayJob") == 1
+
+
+def test_an_unschedulable_cluster_says_which_resource_is_short():
+    cluster = cluster_with(POOL, finetunejob())
+    run(cluster)
+    kuberay_writes(cluster, {"jobDeploymentStatus": "Initializing", "rayClusterName": "llama-raycluster-abc"})
+    cluster.add({"kind": "Pod", "metadata": {"name": "llama-raycluster-abc-worker-0", "namespace": "team-a",
+                                             "labels": {"ray.io/cluster": "llama-raycluster-abc"}}})
+    cluster.add({"kind": "Event", "metadata": {"name": "e1", "namespace": "team-a"}, "type": "Warning",
+                 "reason": "FailedScheduling", "involvedObject": {"name": "llama-raycluster-abc-worker-0"},
+                 "message": "0/8 nodes are available: 8 Insufficient nvidia.com/gpu."})
+    outcome = run(cluster)
+    assert (outcome.phase, outcome.reason) == ("Queued", "Unschedulable")
+    running = {c["type"]: c for c in job_status(cluster)["conditions"]}["Running"]
+    assert running["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in running["message"]
+
+
+def test_suspend_holds_the_rayjob_and_resume_releases_it():
+    cluster = cluster_with(POOL, finetunejob())
+    run(cluster)
+    kuberay_writes(cluster, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"})
+    run(cluster)
+    cluster.patch("FineTuneJob", "team-a", "llama-lora", {"spec": {"suspend": True}})
+    run(cluster)
+    assert rayjob(cluster)["spec"]["suspend"] is True
+    kuberay_writes(cluster, {"jobDeploymentStatus": "Suspended", "jobStatus": "STOPPED"})
+    assert run(cluster).phase == "Suspended"
+    cluster.patch("FineTuneJob", "team-a", "llama-lora", {"spec": {"suspend": False}})
+    run(cluster)
+    assert rayjob(cluster)["spec"]["suspend"] is False and cluster.count("RayJob") == 1
+
+
+def test_a_spec_change_before_anything_runs_is_planned_again():
+    cluster = cluster_with(cluster_pool := {**POOL, "spec": {**POOL["spec"], "default": False}}, finetunejob(
+        {**SPEC, "resources": {"pool": "missing"}}))
+    assert run(cluster).reason == "PoolNotFound"
+    cluster.patch("FineTuneJob", "team-a", "llama-lora", {"spec": {"resources": {"pool": cluster_pool["metadata"]
+                                                                                  ["name"]}}})
+    assert run(cluster).phase == "Queued" and job_status(cluster)["observedGeneration"] == 2
+
+
+def test_operator_killed_before_any_write_ends_with_exactly_one_of_everything():
+    complete = cluster_with(POOL, finetunejob())
+    run(complete)
+    for crash_after in range(complete.writes):
+        cluster = cluster_with(POOL, finetunejob(), crash_after=crash_after)
+        with pytest.raises(Crash):
+            run(cluster)
+        cluster.crash_after = None  # the restarted operator
+        assert run(cluster).phase == "Queued", crash_after
+        assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)
+        secret = cluster.list("Secret", "team-a")[0]
+        token = secret.get("stringData", {}).get("token") or base64.b64decode(secret["data"]["token"]).decode()
+        annotations = cluster.get("FineTuneJob", "team-a", "llama-lora")["metadata"]["annotations"]
+        assert annotations[TOKEN_HASH_ANNOTATION] == hashlib.sha256(token.encode()).hexdigest()
+        assert job_status(cluster)["plan"] == job_status(complete)["plan"]
