@@ -44,6 +44,9 @@ class Cluster(Protocol):
 
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict) -> None: ...
 
+    def delete(self, kind: str, namespace: str | None, name: str) -> None:
+        """Gone already is fine."""
+
     def event(self, regarding: dict, type_: str, reason: str, message: str) -> None: ...
 
 
@@ -209,3 +212,17 @@ def pod_problem_of(cluster: Cluster, namespace: str, ray_status: dict) -> PodPro
     names = {p["metadata"]["name"] for p in pods}
     events = [e for e in cluster.list("Event", namespace) if e.get("involvedObject", {}).get("name") in names]
     return pod_problem(events)
+
+
+def clean_up(job: dict, cluster: Cluster) -> list[str]:
+    """At deletion (behind the operator's finalizer): what the job created, deleted now rather than whenever
+    garbage collection gets to it, so its GPUs are freed at once. Returns what was deleted."""
+    meta = job["metadata"]
+    target = manifests.Target(meta["namespace"], meta["name"], meta["uid"], "")
+    name = manifests.ray_job_name(target)
+    deleted = []
+    for kind, object_name in (("RayJob", name), ("ConfigMap", f"{name}-config"), ("Secret", f"{name}-telemetry")):
+        if cluster.get(kind, target.namespace, object_name) is not None:
+            cluster.delete(kind, target.namespace, object_name)
+            deleted.append(f"{kind}/{object_name}")
+    return deleted

@@ -154,3 +154,15 @@ def test_operator_killed_before_any_write_ends_with_exactly_one_of_everything():
         annotations = cluster.get("FineTuneJob", "team-a", "llama-lora")["metadata"]["annotations"]
         assert annotations[TOKEN_HASH_ANNOTATION] == hashlib.sha256(token.encode()).hexdigest()
         assert job_status(cluster)["plan"] == job_status(complete)["plan"]
+
+
+def test_deleting_a_job_deletes_what_it_created_at_once():
+    from tunewright_operator.reconcile import clean_up
+
+    cluster = cluster_with(POOL, finetunejob(), finetunejob(name="other"))
+    run(cluster)
+    run(cluster, name="other")
+    deleted = clean_up(cluster.get("FineTuneJob", "team-a", "llama-lora"), cluster)
+    assert [d.split("/")[0] for d in deleted] == ["RayJob", "ConfigMap", "Secret"]
+    assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)  # the other's
+    assert clean_up(cluster.get("FineTuneJob", "team-a", "llama-lora"), cluster) == []  # idempotent

@@ -76,6 +76,10 @@ class FakeCluster:
         self._write()
         self.objects[(kind, namespace, name)]["status"] = copy.deepcopy(status)
 
+    def delete(self, kind, namespace, name):
+        self._write()
+        self.objects.pop((kind, namespace, name), None)
+
     def event(self, regarding, type_, reason, message):
         self._write()
         self.events.append({"regarding": regarding["metadata"]["name"], "type": type_, "reason": reason,

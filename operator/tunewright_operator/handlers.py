@@ -1,0 +1,81 @@
+"""The kopf handlers: small, each one call into the reconciler (`kopf run -m tunewright_operator.handlers`).
+
+kopf keeps its bookkeeping in annotations, so the FineTuneJob's status has one writer: the reconciler.
+Run one replica (the chart's Deployment uses `Recreate`): two operators would both reconcile; kopf's
+peering can stand guard against a second one but is not leader election.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import UTC, datetime
+
+import kopf
+
+from tunewright_operator import k8s, pools
+from tunewright_operator.manifests import JOB_LABEL, ClusterSettings
+from tunewright_operator.reconcile import clean_up, reconcile
+from tunewright_operator.spec import TERMINAL_PHASES, GPUPoolSpec
+
+FINETUNEJOBS = ("tunewright.dev", "v1alpha1", "finetunejobs")
+GPUPOOLS = ("tunewright.dev", "v1alpha1", "gpupools")
+MIRROR_SECONDS = 15.0  # how often a live job's RayJob is read back (RayJob events also wake it at once)
+DISCOVERY_SECONDS = 60.0
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.tunewright.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.tunewright.dev")
+    settings.persistence.finalizer = "tunewright.dev/cleanup"
+    settings.posting.level = logging.WARNING  # the reconciler posts the events users read
+    k8s.load_credentials()
+    memo.cluster = k8s.KubernetesCluster()
+    memo.settings = ClusterSettings(
+        api_url=os.environ.get("TUNEWRIGHT_API_URL", "http://tunewright-api:8000"),
+        ttl_seconds_after_finished=int(os.environ.get("TUNEWRIGHT_TTL_SECONDS_AFTER_FINISHED", "600")),
+        default_checkpoint_storage=os.environ.get("TUNEWRIGHT_DEFAULT_CHECKPOINT_STORAGE") or None)
+
+
+def _reconcile(body: kopf.Body, memo: kopf.Memo, logger) -> None:
+    outcome = reconcile(dict(body), memo.cluster, memo.settings, datetime.now(UTC))
+    logger.info("%s: %s (%s)", outcome.phase, outcome.reason, outcome.message[:200])
+
+
+@kopf.on.resume(*FINETUNEJOBS)
+@kopf.on.create(*FINETUNEJOBS)
+@kopf.on.update(*FINETUNEJOBS, field="spec")
+def finetunejob_changed(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
+    _reconcile(body, memo, logger)
+
+
+@kopf.timer(*FINETUNEJOBS, interval=MIRROR_SECONDS, initial_delay=MIRROR_SECONDS,
+            when=lambda status, **_: status.get("phase") not in TERMINAL_PHASES)
+def finetunejob_mirror(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
+    _reconcile(body, memo, logger)
+
+
+@kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT})
+def rayjob_changed(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
+    """KubeRay wrote the RayJob's status: mirror it into its FineTuneJob now, not at the next timer."""
+    owner = memo.cluster.get("FineTuneJob", body["metadata"]["namespace"], body["metadata"]["labels"][JOB_LABEL])
+    if owner is not None and not owner["metadata"].get("deletionTimestamp"):
+        _reconcile(owner, memo, logger)
+
+
+@kopf.on.delete(*FINETUNEJOBS)
+def finetunejob_deleted(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
+    logger.info("deleted: %s", ", ".join(clean_up(dict(body), memo.cluster)) or "nothing was created")
+
+
+@kopf.on.resume(*GPUPOOLS)
+@kopf.on.create(*GPUPOOLS)
+@kopf.on.update(*GPUPOOLS, field="spec")
+@kopf.timer(*GPUPOOLS, interval=DISCOVERY_SECONDS)
+def gpupool_discovery(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+    spec = GPUPoolSpec.model_validate(body["spec"])
+    nodes = memo.cluster.list("Node", None, label_selector=pools.selector(spec) or None)
+    status = pools.discovered(spec, nodes, body["metadata"].get("generation"))
+    memo.cluster.patch_status("GPUPool", None, body["metadata"]["name"],
+                              status.model_dump(by_alias=True, mode="json", exclude_none=True))

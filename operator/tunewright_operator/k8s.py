@@ -1,0 +1,100 @@
+"""The operator's calls to the Kubernetes API (the `Cluster` the reconciler is written against).
+
+Credentials: in-cluster (the operator's ServiceAccount), else the kubeconfig named by KUBECONFIG (or
+~/.kube/config), read when the operator starts, never at import. A 409 on create is `AlreadyExists`;
+404 and 410 on reads are "gone" (None), so a vanished object never crash-loops a handler.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+
+from tunewright_operator.reconcile import AlreadyExists
+
+# kind → (group, version, plural, namespaced); core kinds have group ""
+KINDS = {
+    "FineTuneJob": ("tunewright.dev", "v1alpha1", "finetunejobs", True),
+    "GPUPool": ("tunewright.dev", "v1alpha1", "gpupools", False),
+    "RayJob": ("ray.io", "v1", "rayjobs", True),
+    "ConfigMap": ("", "v1", "configmaps", True),
+    "Secret": ("", "v1", "secrets", True),
+    "Pod": ("", "v1", "pods", True),
+    "Event": ("", "v1", "events", True),
+    "Node": ("", "v1", "nodes", False),
+}
+GONE = (404, 410)
+
+
+def load_credentials() -> None:
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+class KubernetesCluster:
+    def __init__(self, component: str = "tunewright-operator"):
+        from kubernetes import client
+
+        self.api = client.ApiClient()
+        self.custom, self.core, self.component = client.CustomObjectsApi(self.api), client.CoreV1Api(self.api), component
+
+    def _path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        group, version, plural, namespaced = KINDS[kind]
+        parts = ["/api/v1" if not group else f"/apis/{group}/{version}"]
+        if namespaced and namespace:
+            parts.append(f"namespaces/{namespace}")
+        parts.append(plural)
+        parts += [p for p in (name, sub) if p]
+        return "/".join(parts)
+
+    def _call(self, method: str, path: str, body=None, query=None, content_type="application/json"):
+        from kubernetes.client.rest import ApiException
+
+        try:
+            data = self.api.call_api(path, method, body=body, query_params=list((query or {}).items()),
+                                     header_params={"Content-Type": content_type, "Accept": "application/json"},
+                                     response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True)
+        except ApiException as err:
+            if err.status == 409 and method == "POST":
+                raise AlreadyExists(path) from None
+            if err.status in GONE and method in ("GET", "DELETE", "PATCH"):
+                return None
+            raise
+        return data
+
+    def get(self, kind, namespace, name):
+        return self._call("GET", self._path(kind, namespace, name))
+
+    def list(self, kind, namespace=None, label_selector=None):
+        query = {"labelSelector": label_selector} if label_selector else None
+        found = self._call("GET", self._path(kind, namespace), query=query)
+        return (found or {}).get("items", [])
+
+    def create(self, obj):
+        return self._call("POST", self._path(obj["kind"], obj["metadata"].get("namespace")), body=obj)
+
+    def patch(self, kind, namespace, name, patch):
+        self._call("PATCH", self._path(kind, namespace, name), body=patch, content_type="application/merge-patch+json")
+
+    def patch_status(self, kind, namespace, name, status):
+        self._call("PATCH", self._path(kind, namespace, name, "status"), body={"status": status},
+                   content_type="application/merge-patch+json")
+
+    def delete(self, kind, namespace, name):
+        self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": "Foreground"})
+
+    def event(self, regarding, type_, reason, message):
+        meta = regarding["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._call("POST", self._path("Event", meta.get("namespace") or "default"), body={
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace") or "default"},
+            "involvedObject": {"apiVersion": regarding.get("apiVersion", "tunewright.dev/v1alpha1"),
+                               "kind": regarding.get("kind", "FineTuneJob"), "name": meta["name"],
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024], "firstTimestamp": now, "lastTimestamp": now,
+            "count": 1, "source": {"component": self.component}, "reportingComponent": self.component})
