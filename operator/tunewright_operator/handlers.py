@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from datetime import UTC, datetime
 
 import kopf
@@ -32,14 +33,22 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.posting.level = logging.WARNING  # the reconciler posts the events users read
     k8s.load_credentials()
     memo.cluster = k8s.KubernetesCluster()
+    memo.locks = {}
     memo.settings = ClusterSettings(
         api_url=os.environ.get("TUNEWRIGHT_API_URL", "http://tunewright-api:8000"),
         ttl_seconds_after_finished=int(os.environ.get("TUNEWRIGHT_TTL_SECONDS_AFTER_FINISHED", "600")),
         default_checkpoint_storage=os.environ.get("TUNEWRIGHT_DEFAULT_CHECKPOINT_STORAGE") or None)
 
 
-def _reconcile(body: kopf.Body, memo: kopf.Memo, logger) -> None:
-    outcome = reconcile(dict(body), memo.cluster, memo.settings, datetime.now(UTC))
+def _reconcile(body: kopf.Body | dict, memo: kopf.Memo, logger) -> None:
+    """One reconcile of a job at a time (the create handler, the timer and RayJob events run concurrently),
+    on the job as it is now rather than as the event that woke us saw it."""
+    meta = body["metadata"]
+    with memo.locks.setdefault(meta["uid"], threading.Lock()):
+        job = memo.cluster.get("FineTuneJob", meta["namespace"], meta["name"])
+        if job is None or job["metadata"]["uid"] != meta["uid"]:
+            return  # deleted (or re-created under the same name: that one has its own events)
+        outcome = reconcile(job, memo.cluster, memo.settings, datetime.now(UTC))
     logger.info("%s: %s (%s)", outcome.phase, outcome.reason, outcome.message[:200])
 
 
@@ -59,9 +68,10 @@ def finetunejob_mirror(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
 @kopf.on.event("ray.io", "v1", "rayjobs", labels={JOB_LABEL: kopf.PRESENT})
 def rayjob_changed(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
     """KubeRay wrote the RayJob's status: mirror it into its FineTuneJob now, not at the next timer."""
-    owner = memo.cluster.get("FineTuneJob", body["metadata"]["namespace"], body["metadata"]["labels"][JOB_LABEL])
-    if owner is not None and not owner["metadata"].get("deletionTimestamp"):
-        _reconcile(owner, memo, logger)
+    for owner in body["metadata"].get("ownerReferences", []):
+        if owner.get("kind") == "FineTuneJob":
+            _reconcile({"metadata": {"namespace": body["metadata"]["namespace"], "name": owner["name"],
+                                     "uid": owner["uid"]}}, memo, logger)
 
 
 @kopf.on.delete(*FINETUNEJOBS)

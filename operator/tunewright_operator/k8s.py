@@ -7,6 +7,7 @@ Credentials: in-cluster (the operator's ServiceAccount), else the kubeconfig nam
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 
@@ -35,12 +36,19 @@ def load_credentials() -> None:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
 
 
+class KubernetesError(RuntimeError):
+    def __init__(self, status: int, method: str, path: str, body: str):
+        super().__init__(f"{method} {path}: {status} {body[:500]}")
+        self.status = status
+
+
 class KubernetesCluster:
-    def __init__(self, component: str = "tunewright-operator"):
+    """Requests by path through the client's ApiClient (its credentials, TLS and token refresh)."""
+
+    def __init__(self, api_client=None, component: str = "tunewright-operator"):
         from kubernetes import client
 
-        self.api = client.ApiClient()
-        self.custom, self.core, self.component = client.CustomObjectsApi(self.api), client.CoreV1Api(self.api), component
+        self.api, self.component = api_client or client.ApiClient(), component
 
     def _path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
         group, version, plural, namespaced = KINDS[kind]
@@ -52,19 +60,18 @@ class KubernetesCluster:
         return "/".join(parts)
 
     def _call(self, method: str, path: str, body=None, query=None, content_type="application/json"):
-        from kubernetes.client.rest import ApiException
-
-        try:
-            data = self.api.call_api(path, method, body=body, query_params=list((query or {}).items()),
-                                     header_params={"Content-Type": content_type, "Accept": "application/json"},
-                                     response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True)
-        except ApiException as err:
-            if err.status == 409 and method == "POST":
-                raise AlreadyExists(path) from None
-            if err.status in GONE and method in ("GET", "DELETE", "PATCH"):
-                return None
-            raise
-        return data
+        request = self.api.param_serialize(
+            method=method, resource_path=path, query_params=list((query or {}).items()), body=body,
+            header_params={"Content-Type": content_type, "Accept": "application/json"}, auth_settings=["BearerToken"])
+        response = self.api.call_api(*request)
+        data = response.read() or b""
+        if response.status == 409 and method == "POST":
+            raise AlreadyExists(path)
+        if response.status in GONE and method in ("GET", "DELETE", "PATCH"):
+            return None
+        if response.status >= 400:
+            raise KubernetesError(response.status, method, path, data.decode(errors="replace"))
+        return json.loads(data) if data else None
 
     def get(self, kind, namespace, name):
         return self._call("GET", self._path(kind, namespace, name))

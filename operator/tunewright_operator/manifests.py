@@ -26,7 +26,7 @@ HEAD_CPU, HEAD_MEMORY_GIB = 2, 8  # the head runs the Ray driver and the job sub
 WORKER_CPU_PER_GPU, WORKER_MEMORY_GIB_PER_GPU = 4, 32  # data loading and host-side work per training process
 SHM_SHARE = 0.25  # of a worker's memory, for /dev/shm (NCCL's buffers, Ray's object store)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-JOB_LABEL = "tunewright.dev/finetunejob"
+JOB_LABEL = "tunewright.dev/run"  # on everything made for a job: its RayJob's name
 PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/(?P<path>.*))?$")
 
 
@@ -104,8 +104,9 @@ def owner_reference(target: Target) -> dict:
 
 
 def labels(target: Target) -> dict[str, str]:
+    # label values are at most 63 characters, names up to 253: the (short, unique) RayJob name marks them
     return {"app.kubernetes.io/name": "tunewright", "app.kubernetes.io/component": "training",
-            "app.kubernetes.io/managed-by": "tunewright-operator", JOB_LABEL: target.name}
+            "app.kubernetes.io/managed-by": "tunewright-operator", JOB_LABEL: ray_job_name(target)}
 
 
 def metadata(target: Target, name: str, extra_labels: dict[str, str] | None = None) -> dict:
@@ -126,10 +127,15 @@ def cluster_runtime_config(target: Target, spec: FineTuneJobSpec, plan: JobPlan,
             raise ManifestError(f"{field_name}: uploaded files ({value}) reach the workers through the API, which "
                                 "this operator version does not do yet; use pvc://claim/path")
     name = ray_job_name(target)
+    if not storage.startswith("pvc://"):
+        raise ManifestError(f"checkpoint.storage: {storage!r}: on a cluster, checkpoints, the exported model and "
+                            "the result go to a volume every pod mounts: use pvc://claim/path (ReadWriteMany when "
+                            "the head and workers may land on different nodes)")
     checkpoints = volumes.path(storage, "checkpoint.storage", writable=True)
-    if "://" in checkpoints:
-        raise ManifestError(f"checkpoint.storage: {storage!r}: the exported model and results need a shared "
-                            "filesystem; use pvc://claim/path")
+    for field_name, value in (("dataset.train", spec.dataset.train), ("dataset.validation", spec.dataset.validation)):
+        if value and not value.startswith("pvc://"):
+            raise ManifestError(f"{field_name}: {value!r}: on a cluster, data is read from a volume: use "
+                                "pvc://claim/path")
     train = volumes.path(spec.dataset.train, "dataset.train")
     validation = volumes.path(spec.dataset.validation, "dataset.validation") if spec.dataset.validation else None
     config = runtime_config(spec, plan, name=name, output_dir=f"{checkpoints}/{name}/output", train=train,
@@ -189,7 +195,9 @@ def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolS
     head_mounts = [{"name": "job-config", "mountPath": CONFIG_DIR, "readOnly": True}, *volumes.mounts()]
     scheduling = {"nodeSelector": dict(pool.node_selector),
                   "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in pool.tolerations]}
-    pod_security = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    # Ray's images run as uid 1000, gid 100; fsGroup makes the checkpoint volume writable for it
+    pod_security = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100,
+                    "seccompProfile": {"type": "RuntimeDefault"}}
     head = {
         "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {"metadata": {"labels": labels(target)}, "spec": {

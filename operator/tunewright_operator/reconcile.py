@@ -24,7 +24,14 @@ from tunewright_operator.planner.jobs import plan_job
 from tunewright_operator.planner.models import lookup
 from tunewright_operator.planner.search import NoPlan
 from tunewright_operator.spec import TERMINAL_PHASES, FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan
-from tunewright_operator.status import Observation, PodProblem, observe, pod_problem, with_condition
+from tunewright_operator.status import (
+    CONDITION_OF_PHASE,
+    Observation,
+    PodProblem,
+    observe,
+    pod_problem,
+    with_condition,
+)
 
 JOB_ID_ANNOTATION = "tunewright.dev/job-id"  # the API's id for the job (set by the API, or the operator)
 DATASET_BYTES_ANNOTATION = "tunewright.dev/dataset-bytes"  # the training file's size, when the API knows it
@@ -79,7 +86,9 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
         if updated != status:
             cluster.patch_status("FineTuneJob", namespace, name,
                                  updated.model_dump(by_alias=True, mode="json", exclude_none=True))
-        if observation.phase != status.phase:
+        condition, _ = CONDITION_OF_PHASE[observation.phase]
+        before = next((c for c in status.conditions if c.type == condition), None)
+        if observation.phase != status.phase or before is None or before.reason != observation.reason:
             warning = observation.phase == "Failed" or observation.reason in ("Unschedulable", "ImagePullBackOff")
             cluster.event(job, "Warning" if warning else "Normal", observation.reason, observation.message)
         status = updated
@@ -87,6 +96,8 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
 
     if status.phase in TERMINAL_PHASES:
         return Outcome(status.phase, "Finished", "nothing to do", False)
+    if meta.get("deletionTimestamp"):  # being deleted: create nothing more (the finalizer cleans up)
+        return Outcome(status.phase or "Pending", "Deleting", "the job is being deleted", False)
     try:
         spec = FineTuneJobSpec.model_validate(job.get("spec") or {})
     except ValidationError as err:

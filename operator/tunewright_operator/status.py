@@ -104,12 +104,14 @@ def _failure(deployment: str, reason: str, message: str, failed_attempts: int, b
 
 
 def pod_problem(events: list[dict]) -> PodProblem | None:
-    """The most telling recent Warning among the pods' events (core/v1 Event objects)."""
+    """The newest telling Warning among the pods' events (core/v1 Event objects); at the same time, the
+    most telling."""
     warnings = [e for e in events if e.get("type") == "Warning" and e.get("reason") in POD_PROBLEMS]
     if not warnings:
         return None
-    newest = max(warnings, key=lambda e: (POD_PROBLEMS[::-1].index(e["reason"]),
-                                          e.get("lastTimestamp") or e.get("eventTime") or ""))
+    # the newest: an hour-old FailedScheduling must not hide that the pods are now pulling their image
+    newest = max(warnings, key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                                          POD_PROBLEMS[::-1].index(e["reason"])))
     return PodProblem(newest["reason"], newest.get("message", ""))
 
 

@@ -15,7 +15,7 @@ def memo_with(*objects) -> kopf.Memo:
     cluster = FakeCluster()
     for obj in objects:
         cluster.add(obj)
-    return kopf.Memo(cluster=cluster, settings=SETTINGS)
+    return kopf.Memo(cluster=cluster, settings=SETTINGS, locks={})
 
 
 def test_a_created_finetunejob_is_reconciled_and_a_rayjob_event_mirrors_it():

@@ -126,6 +126,8 @@ def test_config_map_and_secret_are_valid_kubernetes_objects(version):
     ({"checkpoint": {}}, "checkpoint.storage"),
     ({"checkpoint": {"storage": "s3://bucket/ckpt"}}, "checkpoint.storage"),
     ({"checkpoint": {"storage": "pvc://Not_A_Claim/x"}}, "checkpoint.storage"),
+    ({"checkpoint": {"storage": "/data/ckpt"}}, "checkpoint.storage"),  # not shared by the pods
+    ({"dataset": {"train": "/data/train.jsonl"}}, "dataset.train"),
 ])
 def test_what_cannot_run_on_a_cluster_is_refused_naming_the_field(patch, field):
     with pytest.raises(ManifestError, match=f"^{field}:"):
@@ -136,3 +138,13 @@ def test_an_operator_default_storage_serves_jobs_that_name_none():
     settings = ClusterSettings(api_url=SETTINGS.api_url, default_checkpoint_storage="pvc://tunewright-checkpoints")
     _, config = ray_job(TARGET, FineTuneJobSpec.model_validate({**SPEC, "checkpoint": {}}), PLANS[0], POOL, settings)
     assert config["checkpoint"]["storage"] == "/mnt/pvc/tunewright-checkpoints"
+
+
+def test_a_long_job_name_still_makes_valid_labels_and_names(rayjob_schema):
+    long = Target(namespace="team-a", name="a" * 200, uid=TARGET.uid, job_id=TARGET.job_id)
+    rayjob, config = ray_job(long, FineTuneJobSpec.model_validate(SPEC), PLANS[1], POOL, SETTINGS)
+    for obj in (rayjob, config_map(long, config), telemetry_secret(long, "t")):
+        assert all(len(value) <= 63 for value in obj["metadata"]["labels"].values())
+        assert len(obj["metadata"]["name"]) <= 63
+    kubernetes_validate.validate(config_map(long, config), "1.37.0", strict=True)
+    assert errors(rayjob_schema, rayjob) == []

@@ -113,6 +113,10 @@ def test_an_unschedulable_cluster_says_which_resource_is_short():
     assert (outcome.phase, outcome.reason) == ("Queued", "Unschedulable")
     running = {c["type"]: c for c in job_status(cluster)["conditions"]}["Running"]
     assert running["reason"] == "Unschedulable" and "Insufficient nvidia.com/gpu" in running["message"]
+    assert (cluster.events[-1]["type"], cluster.events[-1]["reason"]) == ("Warning", "Unschedulable")
+    events = len(cluster.events)
+    run(cluster)
+    assert len(cluster.events) == events  # said once, not at every look
 
 
 def test_suspend_holds_the_rayjob_and_resume_releases_it():
@@ -166,3 +170,10 @@ def test_deleting_a_job_deletes_what_it_created_at_once():
     assert [d.split("/")[0] for d in deleted] == ["RayJob", "ConfigMap", "Secret"]
     assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)  # the other's
     assert clean_up(cluster.get("FineTuneJob", "team-a", "llama-lora"), cluster) == []  # idempotent
+
+
+def test_a_job_being_deleted_gets_nothing_new():
+    job = finetunejob()
+    job["metadata"]["deletionTimestamp"] = "2026-12-01T12:00:00Z"
+    cluster = cluster_with(POOL, job)
+    assert run(cluster).reason == "Deleting" and cluster.count("RayJob") == cluster.count("Secret") == 0

@@ -60,7 +60,9 @@ def test_the_most_telling_pod_event_is_chosen():
                "lastTimestamp": "2026-12-01T10:00:00Z"},
               {"type": "Warning", "reason": "FailedScheduling", "message": "0/8 nodes: Insufficient nvidia.com/gpu",
                "lastTimestamp": "2026-12-01T09:00:00Z"}]
-    assert pod_problem(events) == PodProblem("FailedScheduling", "0/8 nodes: Insufficient nvidia.com/gpu")
+    assert pod_problem(events) == PodProblem("ImagePullBackOff", "image x:1 not found")  # the newest
+    same_time = [{**e, "lastTimestamp": "2026-12-01T10:00:00Z"} for e in events]
+    assert pod_problem(same_time).reason == "FailedScheduling"  # then the most telling
     assert pod_problem(events[:2]) is None
 
 
