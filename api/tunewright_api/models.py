@@ -167,6 +167,8 @@ def add_event(session: Session, job: Job, message: str, level: str = "info", typ
 
 
 class MetricPoint(SQLModel, table=True):
+    # one point per step: the latest record wins
+    __table_args__ = (UniqueConstraint("job_id", "step", name="uq_metricpoint_job_id_step"),)
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id", index=True)
     step: int = Field(index=True)

@@ -16,7 +16,7 @@ import math
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
 from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry
 
@@ -31,8 +31,9 @@ def _finite_or_none(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
-# a measured value that may have diverged
+# a measured value that may have diverged (or come from an empty window)
 Measured = Annotated[Annotated[float, Field(ge=-1e12, le=1e12)] | None, BeforeValidator(_finite_or_none)]
+MeasuredShare = Annotated[Annotated[float, Field(ge=0, le=1)] | None, BeforeValidator(_finite_or_none)]
 Share = Annotated[float, Field(ge=0, le=1)]
 Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
 
@@ -87,8 +88,8 @@ class CommRecord(_Record):
 class EvalRecord(_Record):
     event: Literal["eval"]
     val_loss: Measured
-    val_token_accuracy: Share
-    exact_match: Share | None = None
+    val_token_accuracy: MeasuredShare
+    exact_match: MeasuredShare = None
     exact_match_examples: Count | None = None
 
 
@@ -122,7 +123,35 @@ TelemetryRecord = Annotated[StartRecord | StepRecord | CommRecord | EvalRecord |
 
 
 class TelemetryBatch(BaseModel):
-    records: Annotated[list[TelemetryRecord], Field(max_length=MAX_RECORDS_PER_BATCH)]
+    """Records are checked one by one: one the API refuses costs that record, not the batch around it."""
+
+    records: Annotated[list[dict], Field(max_length=MAX_RECORDS_PER_BATCH)]
+
+
+class Rejected(BaseModel):
+    index: int
+    error: str
+
+
+class TelemetryReceipt(BaseModel):
+    accepted: int
+    rejected: list[Rejected] = Field(description="The first few refused records and why.")
+
+
+_RECORD: TypeAdapter = TypeAdapter(TelemetryRecord)
+MAX_REPORTED_REJECTIONS = 20
+
+
+def parse_records(raw: list[dict]) -> tuple[list[TelemetryRecord], list[Rejected]]:
+    accepted, rejected = [], []
+    for index, record in enumerate(raw):
+        try:
+            accepted.append(_RECORD.validate_python(record))
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "record"
+            rejected.append(Rejected(index=index, error=f"{where}: {first['msg']}"))
+    return accepted, rejected
 
 
 def _aware(moment: datetime) -> datetime:

@@ -96,7 +96,15 @@ class HttpSink:
                                                   **({"Authorization": f"Bearer {self.token}"} if self.token else {})})
         try:
             with urllib.request.urlopen(request, timeout=10) as response:
-                return 200 <= response.status < 300
+                answer = response.read()
+            try:
+                receipt = json.loads(answer) if answer else {}
+            except ValueError:
+                receipt = {}
+            if isinstance(receipt, dict) and receipt.get("rejected"):  # the API took the rest: say why these were not
+                log.warning("telemetry: the API refused %d records: %s", len(receipt["rejected"]),
+                            "; ".join(r.get("error", "") for r in receipt["rejected"][:3]))
+            return True
         except urllib.error.HTTPError as err:
             if 400 <= err.code < 500 and err.code not in RETRIED_HTTP_CODES:
                 # refused for good (bad token, a record the API will never accept): retrying would hold back

@@ -277,7 +277,8 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
     exported = ExportPaths()
     if cfg.checkpoint.final:
-        save(steps)
+        if start_step < steps:  # resumed from the final checkpoint itself: saving it again would collide
+            save(steps)
         exported = export_final(cfg, model, tokenizer, dist)
     end = EndRecord(step=steps, steps=steps, final_loss=train_loss, eval_before=eval_before, eval_after=eval_after,
                     export=exported, strategy=cfg.strategy.type, workers=dist.world_size,

@@ -385,3 +385,26 @@ def test_jobs_on_local_gpus_are_planned_and_predicted(tmp_path, tiny_models):
             bob = unknown.tenant("bob")
             response = bob.post("/v1/jobs", json=tiny_spec(tiny_models["llama"], upload(bob, TRAIN).json()["id"]))
             assert response.status_code == 422 and "TUNEWRIGHT_LOCAL_GPU_TYPE" in response.json()["error"]["message"]
+
+
+def test_telemetry_takes_good_records_refuses_bad_ones_and_counts_a_step_once(server, tiny_models, tmp_path):
+    alice = server.tenant("alice")
+    train = upload(alice, TRAIN).json()["id"]
+    running = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    queued = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    token = (server.settings.data_dir / "jobs" / queued / "telemetry.token").read_text()  # it never runs here
+    step = {"event": "step", "step": 1, "epoch": 0, "loss": 2.5, "learning_rate": 1e-3, "grad_norm": 1.0,
+            "tokens": 400, "tokens_per_second": 4e3, "step_seconds": 0.1, "data_seconds": 0.0,
+            "forward_backward_seconds": 0.08, "optimizer_seconds": 0.02}
+    with server.client(token) as worker:
+        url = f"/v1/internal/jobs/{queued}/telemetry"
+        body = json.dumps({"records": [step, {**step, "step": "one"}, {**step, "loss": float("nan")}]})  # as the runtime
+        answer = worker.post(url, content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["accepted"] == 2 and [r["index"] for r in answer.json()["rejected"]] == [1]
+        assert worker.post(url, json={"records": [{**step, "tokens": 300, "loss": 2.0}]}).json()["accepted"] == 1
+    job = alice.get(f"/v1/jobs/{queued}").json()
+    assert job["progress"]["trainedTokens"] == 300 and job["progress"]["loss"] == 2.0  # the latest record wins
+    assert [(m["step"], m["tokens"]) for m in alice.get(f"/v1/jobs/{queued}/metrics").json()["data"]] == [(1, 300)]
+    for job_id in (queued, running):
+        alice.post(f"/v1/jobs/{job_id}/cancel")

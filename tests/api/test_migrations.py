@@ -42,10 +42,9 @@ OLD_GPU_PLAN = {"strategy": "fsdp", "workers": 2, "useGPU": True, "microBatch": 
                 "explanation": "local pool (2 x H200): ...",
                 "predicted": {"peak_memory_gib": 30.5, "step_seconds": 0.5, "matmul_seconds": 0.3,
                               "memory_bound_seconds": 0.1, "optimizer_seconds": 0.05, "comm_seconds": 0.05,
-                              "exposed_comm_seconds": 0.01, "offload_seconds": 0.0, "exposed_offload_seconds": 0.0,
-                              "host_memory_gib_per_node": 0.0, "comm_share": 0.1, "exposed_comm_share": 0.02,
+                              "exposed_comm_seconds": 0.01, "comm_share": 0.1, "exposed_comm_share": 0.02,
                               "mfu": 0.4, "tokens_per_second": 5e4, "duration_seconds": 60.0, "cost_usd": 0.26,
-                              "memory_breakdown_gib": {"activations": 10.0}},
+                              "memory_breakdown_gib": {"activations": 10.0}},  # offload keys came later
                 "rejected": [{"strategy": "single", "gpus": 1, "reason": "slower"}]}
 OLD_CPU_PLAN = {"strategy": "ddp", "workers": 2, "useGPU": False, "microBatch": 4, "gradAccum": 1,
                 "explanation": "local pool: ddp on 2 CPU workers"}
@@ -55,7 +54,7 @@ def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
     """0004 rewrites the hand-built plan dicts of earlier releases as the typed, camelCase JobPlan."""
     from sqlalchemy import text
 
-    from tunewright_api.models import Job
+    from tunewright_api.models import Job, MetricPoint
     from tunewright_operator.spec import JobPlan
 
     engine = make_engine(url_for(database_url, tmp_path))
@@ -73,10 +72,15 @@ def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
         ]:
             connection.execute(insert, {"id": job_id, "tenant": tenant_id, "plan": json.dumps(plan),
                                         "config": json.dumps(config)})
+        point = text("INSERT INTO metricpoint (job_id, step, time, data) VALUES ('ftjob-gpu', :step, 0, :data)")
+        for step, loss in [(1, 2.0), (2, 1.5), (2, 1.4)]:  # step 2 sent twice before 0004 (a resumed run)
+            connection.execute(point, {"step": step, "data": json.dumps({"loss": loss})})
     migrate(engine)
     with Session(engine) as session:
         gpu, cpu = session.get(Job, "ftjob-gpu").job_plan, session.get(Job, "ftjob-cpu").job_plan
+        points = session.exec(select(MetricPoint).order_by(MetricPoint.step)).all()
     engine.dispose()
+    assert [(p.step, p.data["loss"]) for p in points] == [(1, 2.0), (2, 1.4)]  # the latest of a step kept
     assert isinstance(gpu, JobPlan) and (gpu.device, gpu.gpus, gpu.shard_group) == ("gpu", 2, 2)
     assert gpu.activation_checkpointing and gpu.predicted.peak_memory_gib == 30.5 and gpu.predicted.cost_usd == 0.26
     assert gpu.rejected[0].reason == "slower"

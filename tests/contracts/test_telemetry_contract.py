@@ -18,16 +18,18 @@ PAIRS = [(runtime.StartRecord, api.StartRecord), (runtime.StepRecord, api.StepRe
          (runtime.CheckpointRecord, api.CheckpointRecord), (runtime.EndRecord, api.EndRecord)]
 
 
-def as_posted(records: list[BaseModel]) -> api.TelemetryBatch:
-    """Serialized as HttpSink posts them, parsed as the API's endpoint parses them."""
+def as_posted(records: list[BaseModel]) -> list:
+    """Serialized as HttpSink posts them, parsed as the API's endpoint parses them; all must be accepted."""
     body = json.dumps({"records": [r.model_dump(mode="json") for r in records]})
-    return api.TelemetryBatch.model_validate(json.loads(body))
+    accepted, rejected = api.parse_records(api.TelemetryBatch.model_validate(json.loads(body)).records)
+    assert rejected == []
+    return accepted
 
 
 def test_every_record_kind_is_accepted_with_its_meaning():
-    batch = as_posted(ONE_OF_EACH)
-    assert [type(r).__name__ for r in batch.records] == [type(r).__name__ for r in ONE_OF_EACH]
-    for sent, got in zip(ONE_OF_EACH, batch.records, strict=True):
+    accepted = as_posted(ONE_OF_EACH)
+    assert [type(r).__name__ for r in accepted] == [type(r).__name__ for r in ONE_OF_EACH]
+    for sent, got in zip(ONE_OF_EACH, accepted, strict=True):
         for field in type(got).model_fields:
             if field in type(sent).model_fields and field != "export":
                 assert getattr(got, field) == getattr(sent, field), (type(sent).__name__, field)
@@ -41,7 +43,7 @@ def test_what_the_api_requires_the_runtime_always_sends(runtime_model, api_model
 
 
 def test_a_diverged_loss_is_accepted_as_unknown():
-    (step,) = as_posted([STEP.model_copy(update={"loss": math.nan, "grad_norm": math.inf})]).records
+    (step,) = as_posted([STEP.model_copy(update={"loss": math.nan, "grad_norm": math.inf})])
     assert step.loss is None and step.grad_norm is None and step.tokens == STEP.tokens
 
 
@@ -50,6 +52,13 @@ def test_a_real_run_s_records_are_all_accepted(tiny_models, tmp_path):
                       checkpoint={"every_steps": 2}, eval={"exact_match": True, "max_batches": 1})
     train_without_ray(cfg)
     emitted = runtime.read_records(cfg.metrics_path)
-    accepted = as_posted(emitted).records
+    accepted = as_posted(emitted)
     assert {r.event for r in accepted} == {"start", "eval", "step", "comm", "checkpoint", "end"}
     assert [r.step for r in accepted if r.event == "checkpoint"] == [2, 4]
+
+
+def test_a_refused_record_costs_only_itself():
+    good = STEP.model_dump(mode="json")
+    accepted, rejected = api.parse_records([good, {**good, "step": -1}, {"event": "gossip", "step": 1}, good])
+    assert len(accepted) == 2 and [r.index for r in rejected] == [1, 2]
+    assert rejected[0].error.startswith("step.step") or "step" in rejected[0].error

@@ -187,7 +187,12 @@ class LocalBackend:
         with self._lock, Session(self.engine) as session:
             running = session.exec(select(Job).where(Job.status == "running")).all()
             for job in running:
-                self._check(session, job)
+                try:  # one job's trouble must not stop the queue: each is settled in its own transaction
+                    self._check(session, job)
+                    session.commit()
+                except Exception:
+                    session.rollback()
+                    log.exception("checking job %s failed", job.id)
             active = session.exec(select(Job).where(Job.status == "running")).all()
             free = self.settings.max_running_jobs - len(active)
             if free > 0:
@@ -233,7 +238,8 @@ class LocalBackend:
         run_dir = Path(job.run_dir)
         result_file = run_dir / "output" / "result.json"
         if result_file.exists() and code in (0, None):
-            job.result = json.loads(result_file.read_text())
+            # a diverged run writes NaN, which SQL JSON columns refuse: kept as null
+            job.result = json.loads(result_file.read_text(), parse_constant=lambda _: None)
             job.status = transition(job.status, "succeeded")
             add_event(session, job, "succeeded")
         else:

@@ -40,7 +40,15 @@ def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
         case StartRecord():
             job.total_steps = record.total_steps
         case StepRecord():
-            session.add(MetricPoint(job_id=job.id, step=record.step, time=record.time, data=record.metrics()))
+            # a resumed run trains the steps after its checkpoint again, and a post whose answer was lost is
+            # sent again: the latest record of a step wins, and its tokens count once
+            point = session.exec(select(MetricPoint).where(MetricPoint.job_id == job.id,
+                                                           MetricPoint.step == record.step)).first()
+            if point is not None:
+                job.trained_tokens -= int(point.data.get("tokens", 0))
+            point = point or MetricPoint(job_id=job.id, step=record.step, time=record.time, data={})
+            point.time, point.data = record.time, record.metrics()
+            session.add(point)
             job.step, job.loss, job.tokens_per_second = record.step, record.loss, record.tokens_per_second
             job.trained_tokens += record.tokens
             add_event(session, job, f"step {record.step}: training loss={record.loss:.4f}" if record.loss is not None

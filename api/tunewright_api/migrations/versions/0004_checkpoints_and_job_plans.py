@@ -1,4 +1,4 @@
-"""checkpoints registered by the runtime; stored plans rewritten as the typed, camelCase JobPlan
+"""checkpoints registered by the runtime; one metric point per step; stored plans as the typed JobPlan
 
 Revision ID: 0004
 Revises: 0003
@@ -21,6 +21,10 @@ PREDICTED_ALIASES = {"peak_memory_gib": "peakMemoryGiB", "host_memory_gib_per_no
                      "cost_usd": "costUSD", "memory_breakdown_gib": "memoryBreakdownGiB"}
 
 
+# predictions the planner added after the first plans were stored (CPU offload): none was offloaded then
+ADDED_PREDICTIONS = {"offloadSeconds": 0.0, "exposedOffloadSeconds": 0.0, "hostMemoryGiBPerNode": 0.0}
+
+
 def camel(key: str) -> str:
     first, *rest = key.split("_")
     return PREDICTED_ALIASES.get(key) or first + "".join(word.title() for word in rest)
@@ -38,7 +42,7 @@ def job_plan(old: dict, config: dict | None) -> dict:
             "microBatch": old["microBatch"], "gradAccum": old["gradAccum"],
             "activationCheckpointing": bool(strategy_config.get("activation_checkpointing", False)),
             "shardGroup": shard_group, "cpuOffload": bool(old.get("cpuOffload", False)),
-            "predicted": {camel(k): v for k, v in predicted.items()} if predicted else None,
+            "predicted": {**ADDED_PREDICTIONS, **{camel(k): v for k, v in predicted.items()}} if predicted else None,
             "explanation": old.get("explanation", ""), "rejected": old.get("rejected", [])}
 
 
@@ -56,7 +60,13 @@ def upgrade() -> None:
         sa.UniqueConstraint("job_id", "step"),
     )
     op.create_index(op.f("ix_checkpoints_job_id"), "checkpoints", ["job_id"], unique=False)
+    metric = sa.table("metricpoint", sa.column("id", sa.Integer), sa.column("job_id", sa.String),
+                      sa.column("step", sa.Integer))
     connection = op.get_bind()
+    newest = (sa.select(sa.func.max(metric.c.id)).group_by(metric.c.job_id, metric.c.step)).scalar_subquery()
+    connection.execute(metric.delete().where(metric.c.id.not_in(newest)))  # earlier duplicates: the latest wins
+    with op.batch_alter_table("metricpoint") as batch:
+        batch.create_unique_constraint("uq_metricpoint_job_id_step", ["job_id", "step"])
     job = sa.table("job", sa.column("id", sa.String), sa.column("plan", sa.JSON), sa.column("config", sa.JSON))
     for row in connection.execute(sa.select(job.c.id, job.c.plan, job.c.config)).all():
         plan = json.loads(row.plan) if isinstance(row.plan, str) else row.plan
@@ -66,5 +76,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("metricpoint") as batch:
+        batch.drop_constraint("uq_metricpoint_job_id_step", type_="unique")
     op.drop_index(op.f("ix_checkpoints_job_id"), table_name="checkpoints")
     op.drop_table("checkpoints")
