@@ -26,6 +26,7 @@ HEAD_CPU, HEAD_MEMORY_GIB = 2, 8  # the head runs the Ray driver and the job sub
 WORKER_CPU_PER_GPU, WORKER_MEMORY_GIB_PER_GPU = 4, 32  # data loading and host-side work per training process
 SHM_SHARE = 0.25  # of a worker's memory, for /dev/shm (NCCL's buffers, Ray's object store)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+SPEC_HASH_ANNOTATION = "tunewright.dev/spec-sha256"
 JOB_LABEL = "tunewright.dev/run"  # on everything made for a job: its RayJob's name
 PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/(?P<path>.*))?$")
 
@@ -236,5 +237,11 @@ def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolS
     }
     if spec.resources.deadline_seconds:
         body["activeDeadlineSeconds"] = spec.resources.deadline_seconds
-    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": metadata(target, name, queue),
-            "spec": body}, config
+    meta = metadata(target, name, queue)
+    meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(spec)}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": body}, config
+
+
+def spec_hash(spec: FineTuneJobSpec) -> str:
+    """What the RayJob was made from: everything in the spec but `suspend` (which may change while it runs)."""
+    return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude={"suspend"}).encode()).hexdigest()

@@ -30,6 +30,7 @@ from tunewright_operator.status import (
     PodProblem,
     observe,
     pod_problem,
+    set_condition,
     with_condition,
 )
 
@@ -78,12 +79,14 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     target = manifests.Target(namespace, name, meta["uid"], meta.get("annotations", {}).get(JOB_ID_ANNOTATION)
                               or f"k8s-{meta['uid']}")
 
+    written = status  # what the API server holds
+
     def settle(observation: Observation, retry: bool = False, **fields) -> Outcome:
-        nonlocal status
+        nonlocal status, written
         updated = status.model_copy(update={
             "phase": observation.phase, "observed_generation": generation,
             "conditions": with_condition(status.conditions, observation, generation, now), **fields})
-        if updated != status:
+        if updated != written:
             cluster.patch_status("FineTuneJob", namespace, name,
                                  updated.model_dump(by_alias=True, mode="json", exclude_none=True))
         condition, _ = CONDITION_OF_PHASE[observation.phase]
@@ -91,7 +94,7 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
         if observation.phase != status.phase or before is None or before.reason != observation.reason:
             warning = observation.phase == "Failed" or observation.reason in ("Unschedulable", "ImagePullBackOff")
             cluster.event(job, "Warning" if warning else "Normal", observation.reason, observation.message)
-        status = updated
+        status = written = updated
         return Outcome(observation.phase, observation.reason, observation.message, retry)
 
     if status.phase in TERMINAL_PHASES:
@@ -124,8 +127,11 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
             ray_job = create_run(cluster, job, target, spec, plan, pool, settings)
         except manifests.ManifestError as err:
             return settle(Observation("Failed", "InvalidSpec", str(err)))
-    elif ray_job["spec"].get("suspend", False) != (desired := wants_suspend(spec, ray_job)):
-        cluster.patch("RayJob", namespace, ray_job["metadata"]["name"], {"spec": {"suspend": desired}})
+    else:
+        if ray_job["spec"].get("suspend", False) != (desired := wants_suspend(spec, ray_job)):
+            cluster.patch("RayJob", namespace, ray_job["metadata"]["name"], {"spec": {"suspend": desired}})
+        status = status.model_copy(update={"conditions": note_spec_changes(job, ray_job, spec, cluster, status,
+                                                                          generation, now)})
 
     ray_status = ray_job.get("status") or {}
     observation = observe(ray_status, suspend_requested=spec.suspend, backoff_limit=spec.resources.max_retries,
@@ -140,6 +146,26 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
 
 def kubernetes_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+SPEC_APPLIED = "SpecApplied"
+
+
+def note_spec_changes(job: dict, ray_job: dict, spec: FineTuneJobSpec, cluster: Cluster,
+                      status: FineTuneJobStatus, generation: int, now: datetime) -> list:
+    """A running job takes only `suspend` from its spec: any other change is said (a condition and one
+    Warning event), not silently ignored. Returns the conditions to write."""
+    applied = ray_job["metadata"].get("annotations", {}).get(manifests.SPEC_HASH_ANNOTATION) == manifests.spec_hash(spec)
+    before = next((c for c in status.conditions if c.type == SPEC_APPLIED), None)
+    if applied and (before is None or before.status == "True"):
+        return status.conditions
+    reason, message = (("Applied", "the running job matches its spec") if applied else
+                       ("SpecChangeIgnored", "only spec.suspend can change once the job's RayJob exists; delete and "
+                                             "re-create the job to change anything else"))
+    if not applied and (before is None or before.status == "True"):
+        cluster.event(job, "Warning", reason, message)
+    return set_condition(status.conditions, SPEC_APPLIED, "True" if applied else "False", reason, message,
+                         generation, now)
 
 
 def wants_suspend(spec: FineTuneJobSpec, ray_job: dict) -> bool:

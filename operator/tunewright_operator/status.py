@@ -115,21 +115,23 @@ def pod_problem(events: list[dict]) -> PodProblem | None:
     return PodProblem(newest["reason"], newest.get("message", ""))
 
 
+def set_condition(conditions: list[Condition], kind: str, status: str, reason: str, message: str,
+                  generation: int, now: datetime) -> list[Condition]:
+    """One condition set; its transition time changes only when its status does (Kubernetes' convention)."""
+    previous = next((c for c in conditions if c.type == kind), None)
+    since = previous.last_transition_time if previous and previous.status == status else now
+    updated = Condition(type=kind, status=status, observed_generation=generation, last_transition_time=since,
+                        reason=reason, message=message[:32768])
+    return sorted([c for c in conditions if c.type != kind] + [updated], key=lambda c: c.type)
+
+
 def with_condition(conditions: list[Condition], observation: Observation, generation: int,
                    now: datetime) -> list[Condition]:
     """The phase's condition set, and any other lifecycle condition that was True set False with the new
-    reason; a transition time changes only when the status does (Kubernetes' convention)."""
+    reason."""
     wanted, wanted_status = CONDITION_OF_PHASE[observation.phase]
-    out = {c.type: c for c in conditions}
-
-    def put(kind: str, status: str) -> None:
-        previous = out.get(kind)
-        since = previous.last_transition_time if previous and previous.status == status else now
-        out[kind] = Condition(type=kind, status=status, observed_generation=generation, last_transition_time=since,
-                              reason=observation.reason, message=observation.message[:32768])
-
-    put(wanted, wanted_status)
-    for kind in LIFECYCLE - {wanted}:
-        if kind in out and out[kind].status == "True":
-            put(kind, "False")
-    return sorted(out.values(), key=lambda c: c.type)
+    out = set_condition(conditions, wanted, wanted_status, observation.reason, observation.message, generation, now)
+    for c in list(out):
+        if c.type in LIFECYCLE and c.type != wanted and c.status == "True":
+            out = set_condition(out, c.type, "False", observation.reason, observation.message, generation, now)
+    return out

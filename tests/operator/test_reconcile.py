@@ -177,3 +177,20 @@ def test_a_job_being_deleted_gets_nothing_new():
     job["metadata"]["deletionTimestamp"] = "2026-12-01T12:00:00Z"
     cluster = cluster_with(POOL, job)
     assert run(cluster).reason == "Deleting" and cluster.count("RayJob") == cluster.count("Secret") == 0
+
+
+def test_a_change_a_running_job_cannot_take_is_said_not_ignored():
+    cluster = cluster_with(POOL, finetunejob())
+    run(cluster)
+    cluster.patch("FineTuneJob", "team-a", "llama-lora", {"spec": {"resources": {"maxGPUs": 2}}})
+    run(cluster)
+    ignored = {c["type"]: c for c in job_status(cluster)["conditions"]}["SpecApplied"]
+    assert (ignored["status"], ignored["reason"]) == ("False", "SpecChangeIgnored")
+    assert [e["reason"] for e in cluster.events].count("SpecChangeIgnored") == 1
+    run(cluster)
+    assert [e["reason"] for e in cluster.events].count("SpecChangeIgnored") == 1  # said once
+    assert cluster.count("RayJob") == 1
+    cluster.patch("FineTuneJob", "team-a", "llama-lora", {"spec": {"resources": {"maxGPUs": None}}})
+    run(cluster)
+    applied = {c["type"]: c for c in job_status(cluster)["conditions"]}["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("True", "Applied")
