@@ -7,6 +7,7 @@ import secrets
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from tunewright_api.models import ApiToken, Tenant
@@ -20,14 +21,26 @@ def new_token() -> str:
     return "tw-" + secrets.token_urlsafe(32)
 
 
+def tenant_named(session: Session, name: str) -> Tenant:
+    """The tenant of that name, created if new: two concurrent first requests make one tenant (the loser of
+    the race on the unique name reads the winner's)."""
+    tenant = session.exec(select(Tenant).where(Tenant.name == name)).first()
+    if tenant is not None:
+        return tenant
+    try:
+        tenant = Tenant(name=name)
+        session.add(tenant)
+        session.commit()  # at once: the unique name is what concurrent requests race on
+        return tenant
+    except IntegrityError:
+        session.rollback()
+        return session.exec(select(Tenant).where(Tenant.name == name)).one()
+
+
 def issue_token(session: Session, tenant_name: str, name: str = "", admin: bool = False,
                 token: str | None = None) -> tuple[Tenant, str]:
     """Create the tenant if needed and a token for it; returns the secret (shown once)."""
-    tenant = session.exec(select(Tenant).where(Tenant.name == tenant_name)).first()
-    if tenant is None:
-        tenant = Tenant(name=tenant_name)
-        session.add(tenant)
-        session.flush()
+    tenant = tenant_named(session, tenant_name)
     token = token or new_token()
     if session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first() is None:
         session.add(ApiToken(tenant_id=tenant.id, name=name, token_hash=hash_token(token), admin=admin))
@@ -44,9 +57,10 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def _bearer(authorization: str | None) -> str:
-    if not authorization or not authorization.lower().startswith("bearer "):
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'")
-    return authorization.split(None, 1)[1].strip()
+    return token.strip()
 
 
 def current_token(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> ApiToken:

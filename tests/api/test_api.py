@@ -408,3 +408,36 @@ def test_telemetry_takes_good_records_refuses_bad_ones_and_counts_a_step_once(se
     assert [(m["step"], m["tokens"]) for m in alice.get(f"/v1/jobs/{queued}/metrics").json()["data"]] == [(1, 300)]
     for job_id in (queued, running):
         alice.post(f"/v1/jobs/{job_id}/cancel")
+
+
+def test_concurrent_first_tokens_of_a_tenant_make_one_tenant(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def create(_):
+        with server.client() as admin:
+            return admin.post("/v1/tokens", json={"tenant": "newcomer"})
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(create, range(16)))
+    assert [a.status_code for a in answers] == [201] * 16, [a.text for a in answers if a.status_code != 201]
+    assert len({a.json()["id"] for a in answers}) == 1  # one tenant, sixteen tokens
+    for answer in answers:
+        with server.client(answer.json()["token"]) as user:
+            assert user.get("/v1/jobs").status_code == 200
+
+
+@pytest.mark.parametrize("header", [b"Bearer ", b"Bearer", b"bearer    ", b"Bearer \t", b"Basic abc", b""])
+def test_an_empty_or_foreign_authorization_is_401_not_500(server, header):
+    import socket
+
+    # raw bytes: HTTP clients refuse to send a header value with trailing spaces, but anyone can
+    request = (b"GET /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+               + (b"Authorization: " + header + b"\r\n" if header else b"") + b"\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] == b"401", answer[:300]
+    assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["type"] == "authentication_error"
