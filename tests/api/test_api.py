@@ -441,3 +441,31 @@ def test_an_empty_or_foreign_authorization_is_401_not_500(server, header):
     status_line, _, rest = answer.partition(b"\r\n")
     assert status_line.split()[1] == b"401", answer[:300]
     assert json.loads(rest.partition(b"\r\n\r\n")[2])["error"]["type"] == "authentication_error"
+
+
+def test_the_openai_client_pages_through_events_and_checkpoints_to_the_end(server, tiny_models):
+    from openai import OpenAI
+
+    alice = server.tenant("alice")
+    train = upload(alice, TRAIN).json()["id"]
+    running = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    queued = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    token = (server.settings.data_dir / "jobs" / queued / "telemetry.token").read_text()
+    step = {"event": "step", "epoch": 0, "loss": 2.5, "learning_rate": 1e-3, "grad_norm": 1.0, "tokens": 4,
+            "tokens_per_second": 4e3, "step_seconds": 0.1, "data_seconds": 0.0, "forward_backward_seconds": 0.08,
+            "optimizer_seconds": 0.02}
+    records = [{**step, "step": n} for n in range(1, 6)] + [
+        {"event": "checkpoint", "step": n, "uri": f"/ckpt/step_{n:08d}", "train_loss": 2.0, "keep_last": 10}
+        for n in (2, 4, 5)]
+    with server.client(token) as worker:
+        assert worker.post(f"/v1/internal/jobs/{queued}/telemetry", json={"records": records}).status_code == 200
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=alice.headers["Authorization"].removeprefix("Bearer "))
+    events = list(client.fine_tuning.jobs.list_events(queued, limit=2))  # auto-pagination must end
+    assert len(events) == len({e.id for e in events}) == 1 + 5 + 3  # queued, five steps, three checkpoints
+    assert events[-1].message.startswith("queued")
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(queued, limit=1))
+    assert [c.step_number for c in checkpoints] == [5, 4, 2]
+    bad = alice.get(f"/v1/fine_tuning/jobs/{queued}/events?after=yesterday")
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "after"
+    for job_id in (queued, running):
+        alice.post(f"/v1/jobs/{job_id}/cancel")

@@ -170,14 +170,14 @@ def cancel(fine_tuning_job_id: str, session: SessionDep, backend: BackendDep, te
 
 
 @router.get("/{fine_tuning_job_id}/events")
-def events(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant,
+def events(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
            limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> ListEnvelope:
     return jobs.events_page(session=session, tenant=tenant, job_id=fine_tuning_job_id, param="fine_tuning_job_id",
-                            limit=limit)
+                            limit=limit, after=after)
 
 
 @router.get("/{fine_tuning_job_id}/checkpoints")
-def list_checkpoints(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant,
+def list_checkpoints(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
                      limit: Annotated[int, Query(ge=1, le=100)] = 10) -> ListEnvelope:
     return jobs.checkpoints(session=session, tenant=tenant, job_id=fine_tuning_job_id, param="fine_tuning_job_id",
-                            limit=limit)
+                            limit=limit, after=after)

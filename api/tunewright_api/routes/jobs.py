@@ -36,9 +36,9 @@ def cancel_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: Cu
 
 
 @router.get("/{job_id}/events")
-def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant,
+def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ListEnvelope:
-    return jobs.events_page(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit)
+    return jobs.events_page(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit, after=after)
 
 
 @router.get("/{job_id}/metrics")
@@ -49,9 +49,9 @@ def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
 
 
 @router.get("/{job_id}/checkpoints")
-def job_checkpoints(job_id: str, session: SessionDep, tenant: CurrentTenant,
+def job_checkpoints(job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
                     limit: Annotated[int, Query(ge=1, le=100)] = 100) -> ListEnvelope:
-    return jobs.checkpoints(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit)
+    return jobs.checkpoints(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit, after=after)
 
 
 @router.get("/{job_id}/logs")

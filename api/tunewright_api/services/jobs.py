@@ -94,11 +94,24 @@ def cancel(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, p
     return job
 
 
-def events_page(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int) -> ListEnvelope:
-    """Newest first, in OpenAI's event shape."""
+def cursor(value: str | None, prefix: str, param: str = "after") -> int | None:
+    """The number in a page cursor (`after`: the last id of the previous page), or 422 naming it."""
+    if value is None:
+        return None
+    number = value.removeprefix(prefix).rsplit("-", 1)[-1]
+    if not value.startswith(prefix) or not number.isdigit() or len(number) > 18:
+        raise ApiError(422, f"{value!r} is not an id from this list ({prefix}...)", param, "invalid_value")
+    return int(number)
+
+
+def events_page(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int,
+                after: str | None = None) -> ListEnvelope:
+    """Newest first, in OpenAI's event shape; `after` an event id: the page of older ones."""
     owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
-    events = session.exec(select(JobEvent).where(JobEvent.job_id == job_id)
-                          .order_by(JobEvent.id.desc()).limit(limit + 1)).all()
+    query = select(JobEvent).where(JobEvent.job_id == job_id)
+    if (older_than := cursor(after, "ftevent-")) is not None:
+        query = query.where(JobEvent.id < older_than)
+    events = session.exec(query.order_by(JobEvent.id.desc()).limit(limit + 1)).all()
     data = [{"id": f"ftevent-{e.id}", "object": "fine_tuning.job.event", "created_at": int(e.created_at.timestamp()),
              "level": e.level, "message": e.message, "type": e.type, "data": e.data} for e in events[:limit]]
     return ListEnvelope(data=data, has_more=len(events) > limit)
@@ -114,11 +127,15 @@ def metric_points(*, session: Session, tenant: Tenant, job_id: str, max_points: 
     return ListEnvelope(data=[{"step": p.step, "time": p.time, **p.data} for p in points])
 
 
-def checkpoints(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int) -> ListEnvelope:
-    """Committed checkpoints as the runtime registered them, newest first, in OpenAI's checkpoint shape."""
+def checkpoints(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int,
+                after: str | None = None) -> ListEnvelope:
+    """Committed checkpoints as the runtime registered them, newest first, in OpenAI's checkpoint shape;
+    `after` a checkpoint id: the page of older ones."""
     job = owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
-    rows = session.exec(select(Checkpoint).where(Checkpoint.job_id == job.id)
-                        .order_by(Checkpoint.step.desc()).limit(limit + 1)).all()
+    query = select(Checkpoint).where(Checkpoint.job_id == job.id)
+    if (before_step := cursor(after, f"ftckpt-{job.id.removeprefix('ftjob-')}-")) is not None:
+        query = query.where(Checkpoint.step < before_step)
+    rows = session.exec(query.order_by(Checkpoint.step.desc()).limit(limit + 1)).all()
     data = [{"id": f"ftckpt-{job.id.removeprefix('ftjob-')}-{c.step:08d}", "object": "fine_tuning.job.checkpoint",
              "created_at": int(c.created_at.timestamp()), "step_number": c.step,
              "fine_tuned_model_checkpoint": c.uri, "fine_tuning_job_id": job.id,
