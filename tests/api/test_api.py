@@ -469,3 +469,31 @@ def test_the_openai_client_pages_through_events_and_checkpoints_to_the_end(serve
     assert bad.status_code == 422 and bad.json()["error"]["param"] == "after"
     for job_id in (queued, running):
         alice.post(f"/v1/jobs/{job_id}/cancel")
+
+
+def test_cancel_acts_on_the_job_as_it_is_not_as_it_was_read(server, tiny_models):
+    """The race of issue 15 item 1, made deterministic: the job is read while queued, the scheduler starts
+    it, then the cancel lands. Its training process must end, and the queue must not start another."""
+    from sqlmodel import Session
+
+    from tunewright_api.models import Job
+
+    backend = server.app.state.backend
+    backend.stop()  # the scheduler runs when this test says
+    alice = server.tenant("alice")
+    train = upload(alice, TRAIN).json()["id"]
+    first = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    second = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    with Session(server.app.state.engine) as stale_session:
+        stale = stale_session.get(Job, first)
+        assert stale.status == "queued"
+        backend.tick()  # starts the first job, in its own session
+        pid = _pid(server, first)
+        assert pid is not None
+        backend.cancel(stale_session, stale)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    backend.tick()
+    assert alice.get(f"/v1/jobs/{first}").json()["status"] == "cancelled"
+    assert alice.get(f"/v1/jobs/{second}").json()["status"] == "running"  # one at a time, the first truly gone
+    alice.post(f"/v1/jobs/{second}/cancel")

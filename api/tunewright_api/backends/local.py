@@ -28,7 +28,7 @@ from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
 from tunewright_api.services.plans import plan_on, profile_for
 from tunewright_api.settings import Settings
-from tunewright_api.states import transition
+from tunewright_api.states import TERMINAL, transition
 from tunewright_operator.jobconfig import runtime_config
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
@@ -253,6 +253,10 @@ class LocalBackend:
 
     def cancel(self, session: Session, job: Job) -> None:
         with self._lock:
+            # as it is now, not as it was read before the lock: the scheduler may have started it meanwhile
+            session.refresh(job)
+            if job.status in TERMINAL:
+                raise ApiError(409, f"job {job.id} already {job.status}", "job_id", "already_finished")
             if job.status == "running" and job.pid:
                 try:
                     os.killpg(job.pid, signal.SIGTERM)
