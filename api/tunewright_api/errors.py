@@ -11,7 +11,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error"}
+         404: "not_found_error", 409: "conflict_error", 410: "invalid_request_error", 413: "invalid_request_error",
+         422: "invalid_request_error"}
 
 
 class ApiError(Exception):

@@ -41,9 +41,10 @@ def test_upload_validates_with_line_numbers(server, tmp_path):
     bad.write_text('{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}\n'
                    '{"messages": [{"role": "user", "content": "only a question"}]}\nnot json\n')
     response = upload(alice, bad, "mine.jsonl")
-    assert response.status_code == 422
+    assert response.status_code == 400  # as OpenAI answers a malformed upload
     error = response.json()["error"]
     assert error["param"] == "file" and error["code"] == "invalid_file"
+    assert str(server.settings.data_dir.resolve()) not in error["message"]  # nothing of the server's layout
     assert "mine.jsonl:2: no assistant message" in error["message"] and "mine.jsonl:3: not valid JSON" in error["message"]
     assert [f["id"] for f in alice.get("/v1/files").json()["data"]] == [good["id"]]
     assert alice.get(f"/v1/files/{good['id']}/content").content == TRAIN.read_bytes()
@@ -91,6 +92,7 @@ def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, ti
     logs = alice.get(f"/v1/jobs/{job['id']}/logs?lines=5").json()["data"]
     assert len(logs) == 5 and all(isinstance(line, str) for line in logs)
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
+    assert alice.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel").status_code == 400  # OpenAI's answer there
 
 
 def test_cancel_stops_the_run(server, tiny_models):
@@ -408,6 +410,9 @@ def test_telemetry_takes_good_records_refuses_bad_ones_and_counts_a_step_once(se
     assert [(m["step"], m["tokens"]) for m in alice.get(f"/v1/jobs/{queued}/metrics").json()["data"]] == [(1, 300)]
     for job_id in (queued, running):
         alice.post(f"/v1/jobs/{job_id}/cancel")
+    with server.client(token) as worker:  # a cancelled job takes no more records: its progress stays
+        late = worker.post(f"/v1/internal/jobs/{queued}/telemetry", json={"records": [{**step, "step": 2}]})
+    assert late.status_code == 410 and alice.get(f"/v1/jobs/{queued}").json()["progress"]["step"] == 1
 
 
 def test_concurrent_first_tokens_of_a_tenant_make_one_tenant(server):

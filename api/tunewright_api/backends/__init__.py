@@ -19,6 +19,10 @@ from tunewright_api.settings import Settings
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 
+class AlreadyFinished(Exception):
+    """The job ended before the request could act on it (e.g. a cancel racing the run's own end)."""
+
+
 class Backend(Protocol):
     def start(self) -> None:
         """Begin scheduling; reconcile jobs left running by an earlier API process."""
@@ -38,7 +42,7 @@ class Backend(Protocol):
         job is queued when the caller commits."""
 
     def cancel(self, session: Session, job: Job) -> None:
-        """Stop a queued or running job and mark it cancelled (commits)."""
+        """Stop a queued or running job and mark it cancelled (commits); AlreadyFinished if it has ended."""
 
     def logs(self, job: Job, lines: int) -> list[str]:
         """The last `lines` lines the run printed (empty before it starts)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
+from tunewright_api.backends import AlreadyFinished
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
 from tunewright_api.services.plans import plan_on, profile_for
@@ -256,7 +257,7 @@ class LocalBackend:
             # as it is now, not as it was read before the lock: the scheduler may have started it meanwhile
             session.refresh(job)
             if job.status in TERMINAL:
-                raise ApiError(409, f"job {job.id} already {job.status}", "job_id", "already_finished")
+                raise AlreadyFinished(job.status)
             if job.status == "running" and job.pid:
                 try:
                     os.killpg(job.pid, signal.SIGTERM)

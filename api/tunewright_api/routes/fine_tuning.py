@@ -166,7 +166,7 @@ def retrieve(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant
 @router.post("/{fine_tuning_job_id}/cancel")
 def cancel(fine_tuning_job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> dict:
     return openai_job(jobs.cancel(session=session, backend=backend, tenant=tenant, job_id=fine_tuning_job_id,
-                                  param="fine_tuning_job_id"))
+                                  param="fine_tuning_job_id", finished_status=400))
 
 
 @router.get("/{fine_tuning_job_id}/events")

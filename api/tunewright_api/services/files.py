@@ -56,8 +56,10 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
     if "errors" in checked:
         partial.unlink()
         name = filename or "upload"
-        errors = [e.replace(partial.name, name).replace(str(partial), name) for e in checked["errors"]]
-        raise ApiError(422, "dataset rejected: " + "; ".join(errors), "file", "invalid_file")
+        # the user's file name, never where the server keeps it
+        errors = [e.replace(str(partial), name).replace(str(folder), "").replace(partial.name, name)
+                  for e in checked["errors"]]
+        raise ApiError(400, "dataset rejected: " + "; ".join(errors), "file", "invalid_file")  # OpenAI's status
     final = folder / f"{file_id}.jsonl"
     shutil.move(partial, final)
     stored = StoredFile(id=file_id, tenant_id=tenant.id, filename=filename or "upload.jsonl", purpose=purpose,

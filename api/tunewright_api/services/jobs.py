@@ -10,7 +10,7 @@ import re
 from sqlmodel import Session, select
 
 from tunewright_api.auth import hash_token, new_token
-from tunewright_api.backends import Backend
+from tunewright_api.backends import AlreadyFinished, Backend
 from tunewright_api.errors import ApiError
 from tunewright_api.models import (
     Checkpoint,
@@ -85,11 +85,16 @@ def page_of_jobs(*, session: Session, tenant: Tenant, after: str | None, limit: 
     return jobs[:limit], len(jobs) > limit
 
 
-def cancel(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, param: str) -> Job:
+def cancel(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, param: str,
+           finished_status: int = 409) -> Job:
+    """`finished_status`: what cancelling an ended job answers (409 natively; OpenAI's surface says 400)."""
     job = owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
-    if job.status in TERMINAL:
-        raise ApiError(409, f"job {job_id} already {job.status}", param, "already_finished")
-    backend.cancel(session, job)
+    try:
+        if job.status in TERMINAL:
+            raise AlreadyFinished(job.status)
+        backend.cancel(session, job)
+    except AlreadyFinished as finished:
+        raise ApiError(finished_status, f"job {job_id} already {finished}", param, "already_finished") from None
     session.refresh(job)
     return job
 

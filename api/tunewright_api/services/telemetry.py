@@ -9,6 +9,7 @@ from sqlmodel import Session, delete, select
 from tunewright_api.auth import hash_token
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Checkpoint, Job, MetricPoint, add_event
+from tunewright_api.states import TERMINAL
 from tunewright_api.telemetry import (
     CheckpointRecord,
     CommRecord,
@@ -24,6 +25,8 @@ def authenticated_job(*, session: Session, job_id: str, token: str) -> Job:
     job = session.get(Job, job_id)
     if job is None or not hmac.compare_digest(hash_token(token), job.telemetry_token_hash):
         raise ApiError(401, "invalid telemetry token for this job")
+    if job.status in TERMINAL:  # a cancelled run's last words must not change what the job says
+        raise ApiError(410, f"job {job_id} already {job.status}: no more records", None, "job_finished")
     return job
 
 
