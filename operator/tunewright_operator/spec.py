@@ -36,7 +36,8 @@ class CamelModel(BaseModel):
 class ModelSpec(CamelModel):
     """The model to start from."""
 
-    source: str = Field(description='Model to fine-tune: "hf://org/name", "org/name", "pvc://claim/path" or "/abs/path".')
+    source: str = Field(min_length=1, max_length=1024,
+                        description='Model to fine-tune: "hf://org/name", "org/name", "pvc://claim/path" or "/abs/path".')
     revision: str | None = Field(default=None, description="Hugging Face revision (branch, tag or commit).")
 
 

@@ -502,3 +502,23 @@ def test_cancel_acts_on_the_job_as_it_is_not_as_it_was_read(server, tiny_models)
     assert alice.get(f"/v1/jobs/{first}").json()["status"] == "cancelled"
     assert alice.get(f"/v1/jobs/{second}").json()["status"] == "running"  # one at a time, the first truly gone
     alice.post(f"/v1/jobs/{second}/cancel")
+
+
+@pytest.mark.parametrize(("config", "source_length"), [
+    ({"model_type": "llama"}, None),  # no model keys
+    ({"model_type": "gpt2", "n_embd": 64}, None),  # GPT-2 layout, keys missing
+    ("not json at all", None),
+    ([1, 2, 3], None),
+    (None, 5000),  # a source longer than any path
+])
+def test_plans_refuse_unusable_models_naming_the_field(server, tmp_path, config, source_length):
+    model = tmp_path / "model"
+    model.mkdir()
+    if config is not None:
+        (model / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    source = "x" * source_length if source_length else str(model)
+    server.client().post("/v1/pools", json=H100_POOL)
+    spec = {"model": {"source": source}, "dataset": {"train": "file-x"}, "hyperparameters": {"maxSteps": 10}}
+    answer = server.client().post("/v1/plans", json={"spec": spec, "pool": "h100"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["param"] == "spec.model.source"

@@ -20,9 +20,12 @@ def profile_for(source: str, *, param: str) -> ModelProfile:
     profile = lookup(source)
     if profile is not None:
         return profile
-    config = Path(source.removeprefix("hf://")) / "config.json"
-    if config.is_file():
-        return from_hf_config(source, json.loads(config.read_text()))
+    try:
+        config = Path(source.removeprefix("hf://")) / "config.json"
+        if config.is_file():
+            return from_hf_config(source, json.loads(config.read_text()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # unreadable, not JSON, no model keys
+        raise ApiError(422, f"cannot profile model {source}: {err}", param, "unknown_model") from None
     raise ApiError(422, f"unknown model {source}: not in the catalog and no readable config.json", param,
                    "unknown_model")
 
