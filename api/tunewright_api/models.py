@@ -123,8 +123,9 @@ class Job(SQLModel, table=True):
         return progress(self.status, self.step, self.total_steps, self.loss, self.tokens_per_second,
                         self.trained_tokens, self.started_at, now())
 
-    def telemetry(self) -> JobTelemetry:
-        return measured(self.job_plan, self.comm, self.tokens_per_second, self.started_at, self.finished_at, now())
+    def telemetry(self, plan: JobPlan | None) -> JobTelemetry:
+        """Measured beside `plan` (the job's, parsed once by the caller)."""
+        return measured(plan, self.comm, self.tokens_per_second, self.started_at, self.finished_at, now())
 
 
 class JobPublic(SQLModel):
@@ -145,9 +146,10 @@ class JobPublic(SQLModel):
     @classmethod
     def of(cls, job: Job) -> JobPublic:
         error = {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
+        plan = job.job_plan
         return cls(id=job.id, status=job.status, model=job.model, created_at=job.created_at,
-                   started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=job.job_plan,
-                   progress=job.progress(), telemetry=job.telemetry(), result=job.result, error=error)
+                   started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=plan,
+                   progress=job.progress(), telemetry=job.telemetry(plan), result=job.result, error=error)
 
 
 class JobEvent(SQLModel, table=True):

@@ -64,12 +64,11 @@ class AlreadyExists(Exception):
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one reconcile decided (for the handler's log and its retry)."""
+    """What one reconcile decided (for the handler's log; a live job is looked at again by the timer)."""
 
     phase: str
     reason: str
     message: str
-    retry: bool  # look again later (nothing else will wake this job: e.g. a pool may appear)
 
 
 def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, now: datetime) -> Outcome:
@@ -81,7 +80,7 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
 
     written = status  # what the API server holds
 
-    def settle(observation: Observation, retry: bool = False, **fields) -> Outcome:
+    def settle(observation: Observation, **fields) -> Outcome:
         nonlocal status, written
         updated = status.model_copy(update={
             "phase": observation.phase, "observed_generation": generation,
@@ -95,12 +94,12 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
             warning = observation.phase == "Failed" or observation.reason in ("Unschedulable", "ImagePullBackOff")
             cluster.event(job, "Warning" if warning else "Normal", observation.reason, observation.message)
         status = written = updated
-        return Outcome(observation.phase, observation.reason, observation.message, retry)
+        return Outcome(observation.phase, observation.reason, observation.message)
 
     if status.phase in TERMINAL_PHASES:
-        return Outcome(status.phase, "Finished", "nothing to do", False)
+        return Outcome(status.phase, "Finished", "nothing to do")
     if meta.get("deletionTimestamp"):  # being deleted: create nothing more (the finalizer cleans up)
-        return Outcome(status.phase or "Pending", "Deleting", "the job is being deleted", False)
+        return Outcome(status.phase or "Pending", "Deleting", "the job is being deleted")
     try:
         spec = FineTuneJobSpec.model_validate(job.get("spec") or {})
     except ValidationError as err:
@@ -111,18 +110,16 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     ray_job = cluster.get("RayJob", namespace, manifests.ray_job_name(target))
     plan = status.plan
     if ray_job is None:
-        if status.plan is None or status.observed_generation != generation:  # (re)plan until something runs
-            pool_name, pool, why_not = resolve_pool(spec, cluster)
-            if pool is None:
-                return settle(Observation("Pending", "PoolNotFound", why_not), retry=True)
+        replan = plan is None or status.observed_generation != generation  # (re)plan until something runs
+        pool_name, pool, why_not = resolve_pool(spec, cluster, None if replan else plan.pool)
+        if pool is None:
+            return settle(Observation("Pending", "PoolNotFound", why_not))
+        if replan:
             try:
                 plan = plan_on_pool(spec, pool_name, pool, job)
             except (NoPlan, ValueError) as err:
                 return settle(Observation("Failed", "NoPlan", str(err)))
             settle(Observation("Planned", "Planned", plan.explanation), plan=plan)
-        pool_name, pool, why_not = resolve_pool(spec, cluster, plan.pool)
-        if pool is None:
-            return settle(Observation("Pending", "PoolNotFound", why_not), retry=True)
         try:
             ray_job = create_run(cluster, job, target, spec, plan, pool, settings)
         except manifests.ManifestError as err:
@@ -136,8 +133,7 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     ray_status = ray_job.get("status") or {}
     observation = observe(ray_status, suspend_requested=spec.suspend, backoff_limit=spec.resources.max_retries,
                           pod_problem=pod_problem_of(cluster, namespace, ray_status))
-    return settle(observation, retry=observation.phase not in TERMINAL_PHASES,
-                  ray_job_name=ray_job["metadata"]["name"],
+    return settle(observation, ray_job_name=ray_job["metadata"]["name"],
                   dashboard_url=ray_status.get("dashboardURL") or status.dashboard_url,
                   start_time=kubernetes_time(ray_status.get("startTime")) or status.start_time,
                   completion_time=kubernetes_time(ray_status.get("endTime"))

@@ -57,7 +57,7 @@ def test_submitted_planned_created_running_succeeded():
     cluster = cluster_with(POOL, finetunejob())
     outcome = run(cluster)
     status = job_status(cluster)
-    assert outcome.phase == status["phase"] == "Queued" and outcome.retry
+    assert outcome.phase == status["phase"] == "Queued"
     assert status["plan"]["pool"] == "h100" and status["plan"]["strategy"] in ("single", "ddp", "fsdp")
     assert status["rayJobName"] == ray_job_name(Target("team-a", "llama-lora", "uid-llama-lora", "x"))
     assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)
@@ -72,7 +72,7 @@ def test_submitted_planned_created_running_succeeded():
     kuberay_writes(cluster, {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
                              "startTime": "2026-12-01T12:01:00Z", "endTime": "2026-12-01T13:00:00Z"})
     outcome = run(cluster, at=NOW + timedelta(hours=1))
-    assert (outcome.phase, outcome.retry) == ("Succeeded", False)
+    assert outcome.phase == "Succeeded"
     assert job_status(cluster)["completionTime"].startswith("2026-12-01T13:00")
     writes = cluster.writes
     run(cluster, at=NOW + timedelta(hours=2))
@@ -94,7 +94,7 @@ def test_an_infeasible_job_fails_with_the_planners_reasons_before_any_gpu_is_req
 def test_without_a_pool_the_job_waits_and_says_what_to_do():
     cluster = cluster_with(finetunejob())
     outcome = run(cluster)
-    assert (outcome.phase, outcome.reason, outcome.retry) == ("Pending", "PoolNotFound", True)
+    assert (outcome.phase, outcome.reason) == ("Pending", "PoolNotFound")
     assert "default: true" in outcome.message
     cluster.add(POOL)
     assert run(cluster).phase == "Queued" and cluster.count("RayJob") == 1

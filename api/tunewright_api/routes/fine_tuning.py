@@ -136,8 +136,8 @@ def openai_job(job: Job) -> dict:
         "error": {"code": job.error_code, "message": job.error_message, "param": None} if job.error_code else None,
         "seed": hp.get("seed"), "estimated_finish": int(time.time() + eta) if eta is not None else None,
         "integrations": None, "metadata": job.job_metadata, "user_provided_suffix": job.suffix,
-        "tunewright": TunewrightExtras(plan=job.job_plan, progress=progress,
-                                       telemetry=job.telemetry()).model_dump(by_alias=True, mode="json"),
+        "tunewright": TunewrightExtras(plan=(plan := job.job_plan), progress=progress,
+                                       telemetry=job.telemetry(plan)).model_dump(by_alias=True, mode="json"),
     }
 
 
