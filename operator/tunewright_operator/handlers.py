@@ -25,6 +25,12 @@ MIRROR_SECONDS = 15.0  # how often a live job's RayJob is read back (RayJob even
 DISCOVERY_SECONDS = 60.0
 
 
+@kopf.on.login()
+def login(**kwargs) -> kopf.ConnectionInfo | None:
+    """In-cluster credentials, else the kubeconfig KUBECONFIG names, read when the operator starts."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.tunewright.dev")

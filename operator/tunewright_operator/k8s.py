@@ -23,6 +23,7 @@ KINDS = {
     "Pod": ("", "v1", "pods", True),
     "Event": ("", "v1", "events", True),
     "Node": ("", "v1", "nodes", False),
+    "Namespace": ("", "v1", "namespaces", False),
 }
 GONE = (404, 410)
 

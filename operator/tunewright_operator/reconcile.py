@@ -23,11 +23,19 @@ from tunewright_operator.planner.hardware import LINKS, Pool
 from tunewright_operator.planner.jobs import plan_job
 from tunewright_operator.planner.models import lookup
 from tunewright_operator.planner.search import NoPlan
-from tunewright_operator.spec import TERMINAL_PHASES, FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan
+from tunewright_operator.spec import (
+    TERMINAL_PHASES,
+    FineTuneJobSpec,
+    FineTuneJobStatus,
+    GPUPoolSpec,
+    JobPlan,
+    JobTelemetry,
+)
 from tunewright_operator.status import (
     CONDITION_OF_PHASE,
     Observation,
     PodProblem,
+    held_cost,
     observe,
     pod_problem,
     set_condition,
@@ -133,11 +141,23 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     ray_status = ray_job.get("status") or {}
     observation = observe(ray_status, suspend_requested=spec.suspend, backoff_limit=spec.resources.max_retries,
                           pod_problem=pod_problem_of(cluster, namespace, ray_status))
+    start = kubernetes_time(ray_status.get("startTime")) or status.start_time
+    end = kubernetes_time(ray_status.get("endTime")) if observation.phase in TERMINAL_PHASES else None
     return settle(observation, ray_job_name=ray_job["metadata"]["name"],
                   dashboard_url=ray_status.get("dashboardURL") or status.dashboard_url,
-                  start_time=kubernetes_time(ray_status.get("startTime")) or status.start_time,
-                  completion_time=kubernetes_time(ray_status.get("endTime"))
-                  if observation.phase in TERMINAL_PHASES else None)
+                  start_time=start, completion_time=end,
+                  telemetry=with_held_cost(status.telemetry, plan, cluster, start, end or now))
+
+
+def with_held_cost(telemetry: JobTelemetry | None, plan: JobPlan | None, cluster: Cluster, start: datetime | None,
+                   end: datetime) -> JobTelemetry | None:
+    """The telemetry with `costUSD` as the GPUs held so far cost at the planned pool's price (kept as it
+    was when the pool is gone)."""
+    pool = cluster.get("GPUPool", None, plan.pool) if plan and start else None
+    if pool is None:
+        return telemetry
+    cost = held_cost(plan.gpus, GPUPoolSpec.model_validate(pool["spec"]).price_per_gpu_hour, start, end)
+    return (telemetry or JobTelemetry()).model_copy(update={"cost_usd": cost})
 
 
 def kubernetes_time(value: str | None) -> datetime | None:

@@ -135,3 +135,11 @@ def with_condition(conditions: list[Condition], observation: Observation, genera
         if c.type in LIFECYCLE and c.type != wanted and c.status == "True":
             out = set_condition(out, c.type, "False", observation.reason, observation.message, generation, now)
     return out
+
+
+def held_cost(gpus: int, price_per_gpu_hour: float, start: datetime | None, end: datetime) -> float | None:
+    """What the job's GPUs cost while held: from when KubeRay started its Ray cluster to its end (or now),
+    start-up and retries included, as a bill counts them. None before anything started."""
+    if start is None:
+        return None
+    return round(gpus * max((end - start).total_seconds(), 0.0) / 3600 * price_per_gpu_hour, 2)

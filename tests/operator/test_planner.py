@@ -262,3 +262,16 @@ def test_qlora_memory_follows_the_paper_and_is_refused_until_the_runtime_has_it(
     assert estimate(w, Layout("single", 1, 1, 1, 16, True), pool("H100", per_node=1), CAL).peak_memory_bytes < 60 * GIB
     with pytest.raises(NoPlan, match="method qlora: the runtime does not train 4-bit bases yet"):
         plan(w, pool("H100", per_node=1), CAL)
+
+
+def test_a_layout_that_fits_only_offloaded_but_over_budget_is_rejected_for_the_budget():
+    """Not as "does not fit": with offload it fits, and the reason says what the cheapest would cost."""
+    w = Workload(CATALOG["meta-llama/Llama-3.1-70B"], "full", 2048, 64, 500)
+    p = pool(per_node=8, host_gib=2048)
+    cheapest = plan(w, p, CAL, "cheapest", max_gpus=1)
+    assert cheapest.cpu_offload
+    with pytest.raises(NoPlan) as refused:
+        plan(w, p, CAL, "fastest-within-budget", max_gpus=8, budget_usd=5)
+    single = str(refused.value).split("single: ")[1].split(";")[0]
+    assert single.startswith("no layout within the $5.00 budget (the cheapest, single on 1 GPU")
+    assert "CPU offload" in single and "costs $" in single

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tunewright_operator.spec import PHASES
-from tunewright_operator.status import PodProblem, observe, pod_problem, with_condition
+from tunewright_operator.status import PodProblem, held_cost, observe, pod_problem, with_condition
 
 UNSCHEDULABLE = PodProblem("FailedScheduling", "0/8 nodes are available: 8 Insufficient nvidia.com/gpu.")
 
@@ -81,3 +81,17 @@ def test_conditions_change_their_transition_time_only_with_their_status():
                                          suspend_requested=False, backoff_limit=0), 1, t0 + timedelta(hours=1))
     assert {c.type: (c.status, c.reason) for c in done} == {"Running": ("False", "Succeeded"),
                                                             "Succeeded": ("True", "Succeeded")}
+
+
+@pytest.mark.parametrize(("gpus", "price", "hours", "cost"), [
+    (8, 2.5, 2.0, 40.0),      # GPUs x hours x price
+    (1, 3.99, 0.25, 1.0),     # rounded to cents
+    (4, 2.0, -1.0, 0.0),      # a clock skewed behind the start costs nothing, never a negative
+])
+def test_held_cost(gpus, price, hours, cost):
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+    assert held_cost(gpus, price, start, start + timedelta(hours=hours)) == cost
+
+
+def test_nothing_is_held_before_the_ray_cluster_starts():
+    assert held_cost(8, 2.5, None, datetime(2026, 12, 1, tzinfo=UTC)) is None

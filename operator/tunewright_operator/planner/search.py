@@ -135,6 +135,9 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     best_per_strategy: dict[str, Candidate] = {}
     # least GPU memory without offload, least host memory with it: to say by how much nothing fits
     smallest_per_strategy: dict[tuple[str, bool], Candidate] = {}
+    # the cheapest and the fastest that fit, per strategy: to say how far a budget or deadline is
+    cheapest_fit: dict[str, Candidate] = {}
+    fastest_fit: dict[str, Candidate] = {}
     for layout in layouts(w, pool, strategies, limit):
         c = evaluate(w, layout, pool, cal)
         s = layout.strategy
@@ -144,6 +147,10 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
             smallest_per_strategy[key] = c
         if not c.fits:
             continue
+        if s not in cheapest_fit or c.cost_usd < cheapest_fit[s].cost_usd:
+            cheapest_fit[s] = c
+        if s not in fastest_fit or c.duration_seconds < fastest_fit[s].duration_seconds:
+            fastest_fit[s] = c
         if objective == "fastest-within-budget" and c.cost_usd > budget_usd:
             continue
         if objective == "cheapest-within-deadline" and c.duration_seconds > deadline_seconds:
@@ -151,8 +158,8 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
         if s not in best_per_strategy or _better(objective, c, best_per_strategy[s]):
             best_per_strategy[s] = c
 
-    rejected = _rejections(strategies, best_per_strategy, smallest_per_strategy, pool, objective, budget_usd,
-                           deadline_seconds)
+    rejected = _rejections(strategies, best_per_strategy, smallest_per_strategy, cheapest_fit, fastest_fit, pool,
+                           objective, budget_usd, deadline_seconds)
     if not best_per_strategy:
         raise NoPlan("no layout works: " + "; ".join(f"{r.strategy}: {r.reason}" for r in rejected))
     chosen = min(best_per_strategy.values(),
@@ -179,7 +186,8 @@ def _does_not_fit(c: Candidate, pool: Pool) -> str:
     return f"{need:.0f} GiB of host memory > {usable:.0f} GiB usable per node even at {_describe(c)}"
 
 
-def _rejections(strategies, best, smallest, pool: Pool, objective, budget, deadline) -> list[RejectedOption]:
+def _rejections(strategies, best, smallest, cheapest, fastest, pool: Pool, objective, budget, deadline
+                ) -> list[RejectedOption]:
     out = []
     for s in strategies:
         if s in best:
@@ -188,15 +196,21 @@ def _rejections(strategies, best, smallest, pool: Pool, objective, budget, deadl
         if small is None:
             out.append(RejectedOption(strategy=s, reason="no GPU count in this pool suits it (the global batch must "
                                                    "divide over the GPUs; hsdp needs 2+ shard groups)"))
-        elif not small.fits or (offloaded is not None and not offloaded.fits):
+        elif s not in cheapest:  # nothing fits, with or without offload
             reason = f"does not fit: {_does_not_fit(small, pool)}"
-            if offloaded is not None and not offloaded.fits:
+            if offloaded is not None:
                 reason += f"; with CPU offload: {_does_not_fit(offloaded, pool)}"
             out.append(RejectedOption(strategy=s, gpus=small.layout.gpus, reason=reason))
         elif objective == "fastest-within-budget":
-            out.append(RejectedOption(strategy=s, reason=f"no layout within the ${budget:,.2f} budget"))
+            c = cheapest[s]
+            out.append(RejectedOption(strategy=s, gpus=c.layout.gpus, reason=(
+                f"no layout within the ${budget:,.2f} budget (the cheapest, {_describe(c)}, costs "
+                f"${c.cost_usd:,.2f})")))
         else:
-            out.append(RejectedOption(strategy=s, reason=f"no layout within the {deadline:,.0f} s deadline"))
+            c = fastest[s]
+            out.append(RejectedOption(strategy=s, gpus=c.layout.gpus, reason=(
+                f"no layout within the {deadline:,.0f} s deadline (the fastest, {_describe(c)}, takes "
+                f"{c.duration_seconds:,.0f} s)")))
     return out
 
 
