@@ -114,6 +114,8 @@ class Job(SQLModel, table=True):
     telemetry_token_hash: str = ""
     run_dir: str = ""
     pid: int | None = None
+    # kubernetes backend: its FineTuneJob {namespace, name, phase, reason}, as last seen
+    cluster: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
     @property
     def job_plan(self) -> JobPlan | None:

@@ -15,7 +15,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".tunewright")
     database_url: str | None = None  # default: SQLite file in data_dir
     admin_token: str | None = None  # bootstrap: a token of the admin tenant, created at startup
-    backend: Literal["local"] = "local"
+    backend: Literal["local", "kubernetes"] = "local"
     public_url: str = "http://127.0.0.1:8000"  # what workers use to reach the telemetry endpoint
     max_running_jobs: int = 1  # local backend: jobs at once (each takes the machine's CPUs or GPUs)
     local_workers: int = 2  # local backend on CPU: Ray workers per job
@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     local_ray: bool = True  # run jobs on Ray (False: one plain process per worker under torchrun, e.g. for tests)
     ray_address: str | None = None  # the Ray cluster jobs run on; default: each job starts a Ray of its own
     max_upload_bytes: int = 512 * 2**20
+    kubernetes_namespace_prefix: str = "tw-"  # kubernetes backend: tenant t's jobs live in namespace <prefix>t
+    kubernetes_sync_seconds: float = 2.0  # kubernetes backend: how often FineTuneJobs are read back
 
     @property
     def resolved_database_url(self) -> str:

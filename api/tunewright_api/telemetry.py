@@ -138,6 +138,14 @@ class TelemetryReceipt(BaseModel):
     rejected: list[Rejected] = Field(description="The first few refused records and why.")
 
 
+class JobSummary(BaseModel):
+    """What the API knows of a run, for the operator to show in the FineTuneJob's status."""
+
+    status: str
+    progress: JobProgress
+    telemetry: JobTelemetry
+
+
 _RECORD: TypeAdapter = TypeAdapter(TelemetryRecord)
 MAX_REPORTED_REJECTIONS = 20
 

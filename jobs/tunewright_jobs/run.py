@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tunewright_jobs.config import ConfigError, JobConfig
 from tunewright_jobs.data import DatasetError
+from tunewright_jobs.remote_data import localize_datasets
 
 log = logging.getLogger("tunewright_jobs")
 
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.config}: {err}", file=sys.stderr)
         return 2
     try:
+        cfg = localize_datasets(cfg)
         result = train_without_ray(cfg) if args.no_ray else train_with_ray(cfg, args.max_failures)
     except (DatasetError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)

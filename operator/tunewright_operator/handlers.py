@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 import kopf
 
 from tunewright_operator import k8s, pools
+from tunewright_operator.api_client import ApiSummaries
 from tunewright_operator.manifests import JOB_LABEL, ClusterSettings
 from tunewright_operator.reconcile import clean_up, reconcile
 from tunewright_operator.spec import TERMINAL_PHASES, GPUPoolSpec
@@ -44,6 +45,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         api_url=os.environ.get("TUNEWRIGHT_API_URL", "http://tunewright-api:8000"),
         ttl_seconds_after_finished=int(os.environ.get("TUNEWRIGHT_TTL_SECONDS_AFTER_FINISHED", "600")),
         default_checkpoint_storage=os.environ.get("TUNEWRIGHT_DEFAULT_CHECKPOINT_STORAGE") or None)
+    memo.summaries = ApiSummaries(memo.settings)
 
 
 def _reconcile(body: kopf.Body | dict, memo: kopf.Memo, logger) -> None:
@@ -54,7 +56,7 @@ def _reconcile(body: kopf.Body | dict, memo: kopf.Memo, logger) -> None:
         job = memo.cluster.get("FineTuneJob", meta["namespace"], meta["name"])
         if job is None or job["metadata"]["uid"] != meta["uid"]:
             return  # deleted (or re-created under the same name: that one has its own events)
-        outcome = reconcile(job, memo.cluster, memo.settings, datetime.now(UTC))
+        outcome = reconcile(job, memo.cluster, memo.settings, datetime.now(UTC), memo.get("summaries"))
     logger.info("%s: %s (%s)", outcome.phase, outcome.reason, outcome.message[:200])
 
 

@@ -60,10 +60,11 @@ class KubernetesCluster:
         parts += [p for p in (name, sub) if p]
         return "/".join(parts)
 
-    def _call(self, method: str, path: str, body=None, query=None, content_type="application/json"):
+    def _call(self, method: str, path: str, body=None, query=None, content_type="application/json", raw=False):
         request = self.api.param_serialize(
             method=method, resource_path=path, query_params=list((query or {}).items()), body=body,
-            header_params={"Content-Type": content_type, "Accept": "application/json"}, auth_settings=["BearerToken"])
+            header_params={"Content-Type": content_type, "Accept": "*/*" if raw else "application/json"},
+            auth_settings=["BearerToken"])
         response = self.api.call_api(*request)
         data = response.read() or b""
         if response.status == 409 and method == "POST":
@@ -72,6 +73,8 @@ class KubernetesCluster:
             return None
         if response.status >= 400:
             raise KubernetesError(response.status, method, path, data.decode(errors="replace"))
+        if raw:
+            return data.decode(errors="replace")
         return json.loads(data) if data else None
 
     def get(self, kind, namespace, name):
@@ -94,6 +97,11 @@ class KubernetesCluster:
 
     def delete(self, kind, namespace, name):
         self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": "Foreground"})
+
+    def log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
+        """The last lines a pod's container printed (None when the pod is gone)."""
+        return self._call("GET", self._path("Pod", namespace, pod, "log"), raw=True,
+                          query={"container": container, "tailLines": str(tail_lines)})
 
     def event(self, regarding, type_, reason, message):
         meta = regarding["metadata"]

@@ -46,6 +46,21 @@ class Target:
     job_id: str
 
 
+JOB_ID_ANNOTATION = "tunewright.dev/job-id"  # the API's id for the job, set by the API when it creates the job
+FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
+
+
+def job_id_of(meta: dict) -> str:
+    """The API's id for a FineTuneJob: the one the API annotated, else one derived from the uid, so a job
+    made with kubectl has the same id in the operator (telemetry URLs) and the API (its job list)."""
+    return meta.get("annotations", {}).get(JOB_ID_ANNOTATION) or f"ftjob-{meta['uid'].replace('-', '')[:24]}"
+
+
+def internal_url(settings: ClusterSettings, target: Target, what: str) -> str:
+    """An API route the job's workers (and the operator) call with the job's own token."""
+    return f"{settings.api_url.rstrip('/')}/v1/internal/jobs/{target.job_id}/{what}"
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
     """The operator's own settings (from its command line / the chart's values)."""
@@ -123,26 +138,24 @@ def cluster_runtime_config(target: Target, spec: FineTuneJobSpec, plan: JobPlan,
     if storage is None:
         raise ManifestError("checkpoint.storage: needed on a cluster (pvc://claim/path or an object-store URI): "
                             "each retry is a new Ray cluster and resumes from there")
-    for field_name, value in (("dataset.train", spec.dataset.train), ("dataset.validation", spec.dataset.validation)):
-        if value and value.startswith("file-"):
-            raise ManifestError(f"{field_name}: uploaded files ({value}) reach the workers through the API, which "
-                                "this operator version does not do yet; use pvc://claim/path")
     name = ray_job_name(target)
     if not storage.startswith("pvc://"):
         raise ManifestError(f"checkpoint.storage: {storage!r}: on a cluster, checkpoints, the exported model and "
                             "the result go to a volume every pod mounts: use pvc://claim/path (ReadWriteMany when "
                             "the head and workers may land on different nodes)")
     checkpoints = volumes.path(storage, "checkpoint.storage", writable=True)
+    datasets = {}
     for field_name, value in (("dataset.train", spec.dataset.train), ("dataset.validation", spec.dataset.validation)):
-        if value and not value.startswith("pvc://"):
-            raise ManifestError(f"{field_name}: {value!r}: on a cluster, data is read from a volume: use "
-                                "pvc://claim/path")
-    train = volumes.path(spec.dataset.train, "dataset.train")
-    validation = volumes.path(spec.dataset.validation, "dataset.validation") if spec.dataset.validation else None
-    config = runtime_config(spec, plan, name=name, output_dir=f"{checkpoints}/{name}/output", train=train,
-                            validation=validation, checkpoint_storage=checkpoints,
-                            telemetry_endpoint=f"{settings.api_url.rstrip('/')}/v1/internal/jobs/{target.job_id}"
-                                               "/telemetry")
+        if value and FILE_ID.match(value):  # uploaded to the API: the workers fetch it with the job's token
+            datasets[field_name] = internal_url(settings, target, f"files/{value}")
+        elif value and value.startswith("pvc://"):
+            datasets[field_name] = volumes.path(value, field_name)
+        elif value:
+            raise ManifestError(f"{field_name}: {value!r}: on a cluster, data is an uploaded file (file-...) or "
+                                "on a volume (pvc://claim/path)")
+    config = runtime_config(spec, plan, name=name, output_dir=f"{checkpoints}/{name}/output",
+                            train=datasets["dataset.train"], validation=datasets.get("dataset.validation"),
+                            checkpoint_storage=checkpoints, telemetry_endpoint=internal_url(settings, target, "telemetry"))
     config["model"]["source"] = volumes.path(spec.model.source, "model.source")
     return config
 

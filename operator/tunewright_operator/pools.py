@@ -1,4 +1,4 @@
-"""What a GPUPool's nodes really are, against what the pool declares (pure).
+"""What a GPUPool's nodes really are, against what the pool declares, and the pool as the planner sees it (pure).
 
 GPU feature discovery labels each GPU node (`nvidia.com/gpu.product`, `nvidia.com/gpu.memory` in MiB) and
 the device plugin reports `nvidia.com/gpu` as allocatable. A pool whose nodes disagree with its spec is
@@ -7,7 +7,8 @@ planned on wrongly, so every disagreement is reported in its status, in words.
 
 from __future__ import annotations
 
-from tunewright_operator.planner.hardware import GPUS, gpu_from_product_name
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
 from tunewright_operator.spec import GPUPoolSpec, GPUPoolStatus
 
 PRODUCT_LABEL, MEMORY_LABEL, GPU_RESOURCE = "nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu"
@@ -46,3 +47,9 @@ def discovered(pool: GPUPoolSpec, nodes: list[dict], generation: int | None = No
     return GPUPoolStatus(observed_generation=generation, nodes=len(ready), allocatable_gpus=sum(allocatable),
                          gpu_products=products, gpu_memory_mib=min(memories) if memories else None,
                          disagreements=disagreements)
+
+
+def planner_pool(name: str, spec: GPUPoolSpec) -> Pool:
+    """The pool as the planner models it (its GPU calibrated against the measured H200 runs)."""
+    return Pool(name, calibration.for_gpu(spec.gpu), spec.gpus_per_node, spec.max_nodes, LINKS[spec.intra_node],
+                LINKS[spec.inter_node] if spec.inter_node else None, spec.price_per_gpu_hour, spec.host_memory_gib)

@@ -19,16 +19,17 @@ from pydantic import ValidationError
 
 from tunewright_operator import manifests
 from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import LINKS, Pool
 from tunewright_operator.planner.jobs import plan_job
 from tunewright_operator.planner.models import lookup
 from tunewright_operator.planner.search import NoPlan
+from tunewright_operator.pools import planner_pool
 from tunewright_operator.spec import (
     TERMINAL_PHASES,
     FineTuneJobSpec,
     FineTuneJobStatus,
     GPUPoolSpec,
     JobPlan,
+    JobProgress,
     JobTelemetry,
 )
 from tunewright_operator.status import (
@@ -42,7 +43,6 @@ from tunewright_operator.status import (
     with_condition,
 )
 
-JOB_ID_ANNOTATION = "tunewright.dev/job-id"  # the API's id for the job (set by the API, or the operator)
 DATASET_BYTES_ANNOTATION = "tunewright.dev/dataset-bytes"  # the training file's size, when the API knows it
 TOKEN_HASH_ANNOTATION = "tunewright.dev/telemetry-token-sha256"
 JSONL_BYTES_PER_TOKEN = 4
@@ -70,6 +70,11 @@ class AlreadyExists(Exception):
     pass
 
 
+class Summaries(Protocol):
+    def __call__(self, target: manifests.Target, token: str) -> dict | None:
+        """The API's summary of the job (`status`, `progress`, `telemetry`), None when it has none."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What one reconcile decided (for the handler's log; a live job is looked at again by the timer)."""
@@ -79,12 +84,12 @@ class Outcome:
     message: str
 
 
-def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, now: datetime) -> Outcome:
+def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, now: datetime,
+              summaries: Summaries | None = None) -> Outcome:
     meta = job["metadata"]
     namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
     status = FineTuneJobStatus.model_validate(job.get("status") or {})
-    target = manifests.Target(namespace, name, meta["uid"], meta.get("annotations", {}).get(JOB_ID_ANNOTATION)
-                              or f"k8s-{meta['uid']}")
+    target = manifests.Target(namespace, name, meta["uid"], manifests.job_id_of(meta))
 
     written = status  # what the API server holds
 
@@ -143,10 +148,25 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
                           pod_problem=pod_problem_of(cluster, namespace, ray_status))
     start = kubernetes_time(ray_status.get("startTime")) or status.start_time
     end = kubernetes_time(ray_status.get("endTime")) if observation.phase in TERMINAL_PHASES else None
+    progress, telemetry = measured_by_api(summaries, cluster, target, status)
     return settle(observation, ray_job_name=ray_job["metadata"]["name"],
                   dashboard_url=ray_status.get("dashboardURL") or status.dashboard_url,
-                  start_time=start, completion_time=end,
-                  telemetry=with_held_cost(status.telemetry, plan, cluster, start, end or now))
+                  start_time=start, completion_time=end, progress=progress,
+                  telemetry=with_held_cost(telemetry, plan, cluster, start, end or now))
+
+
+def measured_by_api(summaries: Summaries | None, cluster: Cluster, target: manifests.Target,
+                    status: FineTuneJobStatus) -> tuple[JobProgress | None, JobTelemetry | None]:
+    """Progress and measured telemetry as the API summarizes the runtime's records (what `tunewright get`
+    shows); what the status had when the API has nothing (yet) or cannot be reached. Cost stays ours."""
+    secret = cluster.get("Secret", target.namespace, f"{manifests.ray_job_name(target)}-telemetry") if summaries else None
+    found = summaries(target, secret_token(secret)) if secret else None
+    try:
+        progress = JobProgress.model_validate(found["progress"])
+        telemetry = JobTelemetry.model_validate(found["telemetry"])
+    except (TypeError, KeyError, ValidationError):
+        return status.progress, status.telemetry
+    return progress, telemetry.model_copy(update={"cost_usd": status.telemetry.cost_usd if status.telemetry else None})
 
 
 def with_held_cost(telemetry: JobTelemetry | None, plan: JobPlan | None, cluster: Cluster, start: datetime | None,
@@ -214,9 +234,7 @@ def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: 
     if profile is None:
         raise ValueError(f"model.source: {spec.model.source} is not in the planner's catalog; a model read from "
                          "a volume is planned from its config.json by the API (tunewright plan) for now")
-    described = Pool(pool_name, calibration.for_gpu(pool.gpu), pool.gpus_per_node, pool.max_nodes,
-                     LINKS[pool.intra_node], LINKS[pool.inter_node] if pool.inter_node else None,
-                     pool.price_per_gpu_hour, pool.host_memory_gib)
+    described = planner_pool(pool_name, pool)
     dataset_bytes = job["metadata"].get("annotations", {}).get(DATASET_BYTES_ANNOTATION)
     tokens = int(dataset_bytes) // JSONL_BYTES_PER_TOKEN if dataset_bytes and dataset_bytes.isdigit() else None
     cal, _ = calibration.load()

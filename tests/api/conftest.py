@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+import yaml
 
 from tests.api.postgres import PostgresServer
 from tunewright_api.main import create_app
@@ -83,6 +84,32 @@ def database_url(request, tmp_path):
 @pytest.fixture
 def server(tmp_path, database_url):
     with Server(tmp_path / "data", local_ray=False, database_url=database_url) as s:
+        yield s
+
+
+@pytest.fixture
+def emulated_cluster(monkeypatch, tmp_path):
+    """An emulated API server holding the KubeRay and tunewright CRDs and the example GPUPool (default), as
+    the API's kubernetes backend finds it through KUBECONFIG."""
+    from tests.support.apiserver import FakeApiServer
+    from tests.support.emulated import ROOT, client_for, resources
+
+    emulator = FakeApiServer(list(resources())).start()
+    monkeypatch.setenv("KUBECONFIG", str(emulator.write_kubeconfig(tmp_path / "kubeconfig")))
+    client_for(emulator).create(yaml.safe_load((ROOT / "examples" / "gpupool-h100.yaml").read_text()))
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture(params=["local", "kubernetes"])
+def backend_server(request, tmp_path):
+    """The same API tests on both backends: this machine, and a cluster (FineTuneJobs for the operator)."""
+    if request.param == "local":
+        with Server(tmp_path / "data", local_ray=False) as s:
+            yield s
+        return
+    request.getfixturevalue("emulated_cluster")
+    with Server(tmp_path / "data", backend="kubernetes", kubernetes_sync_seconds=0.3) as s:
         yield s
 
 

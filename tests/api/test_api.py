@@ -50,8 +50,8 @@ def test_upload_validates_with_line_numbers(server, tmp_path):
     assert alice.get(f"/v1/files/{good['id']}/content").content == TRAIN.read_bytes()
 
 
-def test_job_spec_errors_name_the_field(server, tiny_models):
-    alice = server.tenant("alice")
+def test_job_spec_errors_name_the_field(backend_server, tiny_models):
+    alice = backend_server.tenant("alice")
     response = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], "/etc/passwd"))
     assert response.status_code == 422 and response.json()["error"]["param"] == "dataset.train"
     response = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], "file-" + "0" * 24))
@@ -117,8 +117,8 @@ def _pid(server, job_id):
         return session.get(Job, job_id).pid
 
 
-def test_tenants_never_see_each_other(server, tiny_models):
-    alice, bob = server.tenant("alice"), server.tenant("bob")
+def test_tenants_never_see_each_other(backend_server, tiny_models):
+    alice, bob = backend_server.tenant("alice"), backend_server.tenant("bob")
     file_id = upload(alice, TRAIN).json()["id"]
     job_id = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], file_id)).json()["id"]
     ids = {"file_id": file_id, "job_id": job_id, "fine_tuning_job_id": job_id}

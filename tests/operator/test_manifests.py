@@ -122,7 +122,7 @@ def test_config_map_and_secret_are_valid_kubernetes_objects(version):
 
 
 @pytest.mark.parametrize(("patch", "field"), [
-    ({"dataset": {"train": "file-0123456789abcdef01234567"}}, "dataset.train"),
+    ({"dataset": {"train": "file-not-an-id"}}, "dataset.train"),
     ({"checkpoint": {}}, "checkpoint.storage"),
     ({"checkpoint": {"storage": "s3://bucket/ckpt"}}, "checkpoint.storage"),
     ({"checkpoint": {"storage": "pvc://Not_A_Claim/x"}}, "checkpoint.storage"),
@@ -132,6 +132,17 @@ def test_config_map_and_secret_are_valid_kubernetes_objects(version):
 def test_what_cannot_run_on_a_cluster_is_refused_naming_the_field(patch, field):
     with pytest.raises(ManifestError, match=f"^{field}:"):
         ray_job(TARGET, FineTuneJobSpec.model_validate({**SPEC, **patch}), PLANS[0], POOL, SETTINGS)
+
+
+def test_uploaded_files_are_fetched_from_the_api_with_the_jobs_token():
+    spec = FineTuneJobSpec.model_validate({**SPEC, "dataset": {"train": "file-0123456789abcdef01234567",
+                                                               "validation": "pvc://data/val.jsonl"}})
+    rayjob, config = ray_job(TARGET, spec, PLANS[0], POOL, SETTINGS)
+    assert config["dataset"]["train"] == (f"{SETTINGS.api_url}/v1/internal/jobs/{TARGET.job_id}/files/"
+                                          "file-0123456789abcdef01234567")
+    assert config["dataset"]["validation"] == "/mnt/pvc/data/val.jsonl"
+    workers = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert any(e["name"] == "TUNEWRIGHT_TELEMETRY_TOKEN" and "secretKeyRef" in e["valueFrom"] for e in workers["env"])
 
 
 def test_an_operator_default_storage_serves_jobs_that_name_none():

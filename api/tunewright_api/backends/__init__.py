@@ -1,7 +1,7 @@
 """Where jobs run. A backend owns everything that depends on it: the pools it offers, how a job is planned
 there, what a run needs before it is queued, starting, cancelling and watching runs, and their logs.
-Routes and services know only this interface; `local` (this machine) implements it, and a `kubernetes`
-backend (FineTuneJob resources for the operator) is a new module behind the same interface.
+Routes and services know only this interface: `local` (this machine) and `kubernetes` (FineTuneJob
+resources the operator runs) implement it.
 
 Checkpoints, metrics and the final result reach the API as telemetry records from the runtime, whatever
 the backend: nobody reads a run's files to list them.
@@ -16,6 +16,7 @@ from sqlmodel import Session
 
 from tunewright_api.models import Job, StoredFile
 from tunewright_api.settings import Settings
+from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 
@@ -33,6 +34,10 @@ class Backend(Protocol):
     def pools(self) -> list[dict]:
         """The pools this backend offers by itself (shown by GET /v1/pools before the described ones)."""
 
+    def pool(self, name: str) -> Pool | None:
+        """One of this backend's pools as the planner models it, for dry-run plans (None: not a GPU pool
+        this backend can describe)."""
+
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
         """How this job would run here; ApiError (422, naming the field) when it cannot."""
 
@@ -49,7 +54,10 @@ class Backend(Protocol):
 
 
 def make_backend(settings: Settings, engine: Engine) -> Backend:
+    if settings.backend == "kubernetes":
+        from tunewright_api.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(settings, engine)
     from tunewright_api.backends.local import LocalBackend
 
-    backends = {"local": LocalBackend}
-    return backends[settings.backend](settings, engine)
+    return LocalBackend(settings, engine)

@@ -140,6 +140,9 @@ class LocalBackend:
                  + ("" if settings.local_gpus else " (training on the CPU: set TUNEWRIGHT_LOCAL_GPUS)"
                     if found else " (no GPU found: training on the CPU)")}]
 
+    def pool(self, name: str) -> Pool | None:
+        return None  # this machine is planned when a job is submitted (its GPUs are found then)
+
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
         settings = self.settings
         if settings.local_gpus == 0:

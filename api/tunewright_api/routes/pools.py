@@ -70,13 +70,14 @@ class PlanResponse(BaseModel):
 def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, _: CurrentTenant) -> PlanResponse:
     """Dry run: the plan, its predictions, and the alternatives rejected with their reasons."""
     described = session.get(GpuPool, body.pool)
-    if described is None:
+    pool = pool_of(described) if described else backend.pool(body.pool)
+    if pool is None:
         own = {p["name"] for p in backend.pools()}
         hint = (" (that pool is this machine's: its jobs are planned when submitted, and the planner models GPU "
                 "pools described with POST /v1/pools)" if body.pool in own else "")
         raise ApiError(422, f"no GPU pool {body.pool}{hint}", "pool", "unknown_pool")
     profile = profile_for(body.spec.model.source, param="spec.model.source")
-    chosen = plan_on(spec=body.spec, profile=profile, pool=pool_of(described), dataset_tokens=body.dataset_tokens,
+    chosen = plan_on(spec=body.spec, profile=profile, pool=pool, dataset_tokens=body.dataset_tokens,
                      spec_param="spec")
-    return PlanResponse(pool=described.name, model={"name": profile.name, "parameters": profile.params,
+    return PlanResponse(pool=body.pool, model={"name": profile.name, "parameters": profile.params,
                                                     "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)

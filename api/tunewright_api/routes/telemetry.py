@@ -3,10 +3,17 @@
 from typing import Annotated
 
 from fastapi import APIRouter, Header
+from fastapi.responses import FileResponse
 
 from tunewright_api.auth import SessionDep
 from tunewright_api.services import telemetry
-from tunewright_api.telemetry import MAX_REPORTED_REJECTIONS, TelemetryBatch, TelemetryReceipt, parse_records
+from tunewright_api.telemetry import (
+    MAX_REPORTED_REJECTIONS,
+    JobSummary,
+    TelemetryBatch,
+    TelemetryReceipt,
+    parse_records,
+)
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
 
@@ -15,8 +22,28 @@ router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
 def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
            authorization: Annotated[str | None, Header()] = None) -> TelemetryReceipt:
     """Applies the records it accepts; says which it refused and why (the runtime logs them)."""
-    token = (authorization or "").removeprefix("Bearer ").strip()
-    job = telemetry.authenticated_job(session=session, job_id=job_id, token=token)
+    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer(authorization))
     accepted, rejected = parse_records(batch.records)
     telemetry.ingest(session=session, job=job, records=accepted)
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])
+
+
+@router.get("/{job_id}/files/{file_id}", response_class=FileResponse)
+def dataset(job_id: str, file_id: str, session: SessionDep,
+            authorization: Annotated[str | None, Header()] = None) -> FileResponse:
+    """A dataset the job names, for its workers on a cluster (never any other file, nor another tenant's)."""
+    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer(authorization))
+    stored = telemetry.dataset_of(session=session, job=job, file_id=file_id)
+    return FileResponse(stored.path, media_type="application/jsonl", filename=f"{stored.id}.jsonl")
+
+
+@router.get("/{job_id}/summary")
+def summary(job_id: str, session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> JobSummary:
+    """Progress and measured telemetry (what `tunewright get` shows), for the operator's FineTuneJob status."""
+    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer(authorization),
+                                      finished_ok=True)
+    return JobSummary(status=job.status, progress=job.progress(), telemetry=job.telemetry(job.job_plan))
+
+
+def bearer(authorization: str | None) -> str:
+    return (authorization or "").removeprefix("Bearer ").strip()

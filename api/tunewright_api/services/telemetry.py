@@ -8,7 +8,7 @@ from sqlmodel import Session, delete, select
 
 from tunewright_api.auth import hash_token
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Checkpoint, Job, MetricPoint, add_event
+from tunewright_api.models import Checkpoint, Job, MetricPoint, StoredFile, add_event
 from tunewright_api.states import TERMINAL
 from tunewright_api.telemetry import (
     CheckpointRecord,
@@ -21,13 +21,24 @@ from tunewright_api.telemetry import (
 )
 
 
-def authenticated_job(*, session: Session, job_id: str, token: str) -> Job:
+def authenticated_job(*, session: Session, job_id: str, token: str, finished_ok: bool = False) -> Job:
+    """The job whose own token this is; 410 once it has ended unless `finished_ok` (reads only)."""
     job = session.get(Job, job_id)
-    if job is None or not hmac.compare_digest(hash_token(token), job.telemetry_token_hash):
+    if job is None or not job.telemetry_token_hash or not hmac.compare_digest(hash_token(token),
+                                                                               job.telemetry_token_hash):
         raise ApiError(401, "invalid telemetry token for this job")
-    if job.status in TERMINAL:  # a cancelled run's last words must not change what the job says
+    if job.status in TERMINAL and not finished_ok:  # a cancelled run's last words must not change the job
         raise ApiError(410, f"job {job_id} already {job.status}: no more records", None, "job_finished")
     return job
+
+
+def dataset_of(*, session: Session, job: Job, file_id: str) -> StoredFile:
+    """One of the job's own datasets (its spec names it, its tenant uploaded it)."""
+    named = {(job.spec.get("dataset") or {}).get(key) for key in ("train", "validation")}
+    stored = session.get(StoredFile, file_id) if file_id in named else None
+    if stored is None or stored.tenant_id != job.tenant_id:
+        raise ApiError(404, f"job {job.id} names no file {file_id}", "file_id", "not_found")
+    return stored
 
 
 def ingest(*, session: Session, job: Job, records: list[TelemetryRecord]) -> None:

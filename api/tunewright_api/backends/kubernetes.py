@@ -1,0 +1,259 @@
+"""The kubernetes backend: a job is a FineTuneJob in its tenant's namespace, run by the operator.
+
+Tenant → namespace: `<prefix><tenant>` (prefix `TUNEWRIGHT_KUBERNETES_NAMESPACE_PREFIX`, default `tw-`);
+the API creates the namespace (labelled with its tenant) when the tenant first submits. Every
+FineTuneJob in such a namespace is that tenant's job, whoever created it: one made with kubectl appears
+in the tenant's job list under the id the operator also uses (`job_id_of`).
+
+One writer per field. The operator alone writes FineTuneJob status; the API writes the spec (creating the
+job, suspending it to cancel) and its own database. The API follows each FineTuneJob's phase into the job's
+status and events; progress, metrics and checkpoints reach the API from the workers as telemetry records,
+as on the local backend. The workers' token is made by the operator (a Secret the API never reads): the API
+trusts the sha256 the operator annotates on the FineTuneJob, only for a job of the namespace's tenant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from tunewright_api.backends import AlreadyFinished
+from tunewright_api.errors import ApiError
+from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
+from tunewright_api.services.plans import plan_on, profile_for
+from tunewright_api.settings import Settings
+from tunewright_api.states import TERMINAL
+from tunewright_operator import k8s
+from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
+from tunewright_operator.planner.hardware import Pool
+from tunewright_operator.pools import planner_pool
+from tunewright_operator.reconcile import (
+    DATASET_BYTES_ANNOTATION,
+    TOKEN_HASH_ANNOTATION,
+    AlreadyExists,
+    resolve_pool,
+)
+from tunewright_operator.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan
+
+log = logging.getLogger(__name__)
+TENANT_LABEL = "tunewright.dev/tenant"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "tunewright-api"}
+JSONL_BYTES_PER_TOKEN = 4
+# a job whose FineTuneJob is missing this long after it was recorded was deleted (it is created before the
+# job's row commits, so a listing taken meanwhile may lack it): several syncs, at least a few seconds
+VANISHED_AFTER_SYNCS, VANISHED_AFTER_SECONDS = 3, 5.0
+LOG_CONTAINER = "ray-head"  # the Ray driver runs the training job's entrypoint on the head
+STATUS_OF_PHASE = {"Pending": "queued", "Planned": "queued", "Queued": "queued", "Suspended": "queued",
+                   "Running": "running", "Succeeded": "succeeded", "Failed": "failed", "Cancelled": "cancelled"}
+
+
+def tenant_namespace(prefix: str, tenant: str) -> str:
+    namespace = f"{prefix}{tenant}"
+    if len(namespace) > 63:
+        raise ApiError(422, f"tenant {tenant!r} with the namespace prefix {prefix!r} makes a namespace name over 63 "
+                            "characters: use a shorter tenant name or prefix", "tenant", "invalid_value")
+    return namespace
+
+
+def tenant_of_namespace(prefix: str, namespace: str) -> str | None:
+    return namespace.removeprefix(prefix) if namespace.startswith(prefix) and len(namespace) > len(prefix) else None
+
+
+def finetunejob_for(job: Job, spec: FineTuneJobSpec, namespace: str, train: StoredFile) -> dict:
+    """The FineTuneJob the API creates for a job (pure)."""
+    return {"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
+            "metadata": {"name": job.id, "namespace": namespace, "labels": dict(MANAGED_BY),
+                         "annotations": {JOB_ID_ANNOTATION: job.id, DATASET_BYTES_ANNOTATION: str(train.bytes)}},
+            "spec": spec.model_dump(by_alias=True, mode="json", exclude_none=True)}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the API takes from a FineTuneJob (pure: `observed`)."""
+
+    phase: str | None
+    status: str
+    reason: str
+    message: str
+    plan: dict | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    token_hash: str
+
+
+def observed(ftj: dict) -> Observed:
+    status = FineTuneJobStatus.model_validate(ftj.get("status") or {})
+    phase = status.phase or "Pending"
+    current = max(status.conditions, key=lambda c: c.last_transition_time, default=None)
+    lifecycle = next((c for c in status.conditions if c.type == phase and c.status == "True"), current)
+    return Observed(
+        phase=status.phase, status=STATUS_OF_PHASE[phase], reason=lifecycle.reason if lifecycle else "Submitted",
+        message=lifecycle.message if lifecycle else "waiting for the operator",
+        plan=status.plan.model_dump(by_alias=True, mode="json") if status.plan else None,
+        started_at=status.start_time, finished_at=status.completion_time,
+        token_hash=(ftj["metadata"].get("annotations") or {}).get(TOKEN_HASH_ANNOTATION, ""))
+
+
+class KubernetesBackend:
+    def __init__(self, settings: Settings, engine: Engine, cluster=None):
+        self.settings, self.engine = settings, engine
+        self.prefix = settings.kubernetes_namespace_prefix
+        self.cluster = cluster
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.cluster is None:
+            k8s.load_credentials()
+            self.cluster = k8s.KubernetesCluster(component="tunewright-api")
+        self._thread = threading.Thread(target=self._loop, name="tunewright-kubernetes-backend", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.sync()
+            except Exception:  # the API server may be briefly unreachable: try again next time
+                log.exception("following FineTuneJobs failed")
+            if self._stop.wait(self.settings.kubernetes_sync_seconds):
+                return
+
+    # --- pools and plans -----------------------------------------------------------------------------
+    def pools(self) -> list[dict]:
+        return [{"object": "pool", "name": p["metadata"]["name"], **p["spec"], "status": p.get("status") or {}}
+                for p in sorted(self.cluster.list("GPUPool"), key=lambda p: p["metadata"]["name"])]
+
+    def pool(self, name: str) -> Pool | None:
+        found = self.cluster.get("GPUPool", None, name)
+        return planner_pool(name, GPUPoolSpec.model_validate(found["spec"])) if found else None
+
+    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
+        """What the operator will plan (the same planner, pool and dataset size), said at once."""
+        name, pool, why_not = resolve_pool(spec, self.cluster)
+        if pool is None:
+            raise ApiError(422, why_not, "resources.pool", "unknown_pool")
+        return plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"),
+                       pool=planner_pool(name, pool), dataset_tokens=max(1, train.bytes // JSONL_BYTES_PER_TOKEN),
+                       spec_param=None)
+
+    # --- the work ------------------------------------------------------------------------------------
+    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
+               validation: StoredFile | None, telemetry_token: str) -> None:
+        """The tenant's namespace (once) and the FineTuneJob. The workers' token is the operator's."""
+        tenant = session.get(Tenant, job.tenant_id)
+        namespace = tenant_namespace(self.prefix, tenant.name)
+        if self.cluster.get("Namespace", None, namespace) is None:
+            with contextlib.suppress(AlreadyExists):  # made meanwhile by a concurrent submit
+                self.cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                    "name": namespace, "labels": {TENANT_LABEL: tenant.name, **MANAGED_BY}}})
+        self.cluster.create(finetunejob_for(job, spec, namespace, train))
+        job.telemetry_token_hash = ""  # until the operator annotates its token's hash
+        job.cluster = {"namespace": namespace, "name": job.id}
+
+    def cancel(self, session: Session, job: Job) -> None:
+        """Suspend (the RayJob stops at once and frees its GPUs), then delete the FineTuneJob (its finalizer
+        cleans up what the operator made)."""
+        with self._lock:
+            session.refresh(job)
+            if job.status in TERMINAL:
+                raise AlreadyFinished(job.status)
+            where = job.cluster or {}
+            if where:
+                self.cluster.patch("FineTuneJob", where["namespace"], where["name"], {"spec": {"suspend": True}})
+                self.cluster.delete("FineTuneJob", where["namespace"], where["name"])
+            job.status, job.finished_at = "cancelled", now()
+            add_event(session, job, "cancelled by the user: the FineTuneJob was suspended and deleted")
+            session.add(job)
+            session.commit()
+
+    def logs(self, job: Job, lines: int) -> list[str]:
+        """The Ray driver's output, from the head pod of the job's Ray cluster."""
+        where = job.cluster or {}
+        ftj = self.cluster.get("FineTuneJob", where["namespace"], where["name"]) if where else None
+        ray_job_name = ((ftj or {}).get("status") or {}).get("rayJobName")
+        ray_job = self.cluster.get("RayJob", where["namespace"], ray_job_name) if ray_job_name else None
+        ray_cluster = ((ray_job or {}).get("status") or {}).get("rayClusterName")
+        if not ray_cluster:
+            return []
+        heads = self.cluster.list("Pod", where["namespace"],
+                                  label_selector=f"ray.io/cluster={ray_cluster},ray.io/node-type=head")
+        text = self.cluster.log(where["namespace"], heads[0]["metadata"]["name"], LOG_CONTAINER, lines) if heads else None
+        return (text or "").splitlines()[-lines:]
+
+    # --- following the FineTuneJobs --------------------------------------------------------------------
+    def sync(self) -> None:
+        """Every FineTuneJob of a tenant's namespace into that tenant's job; jobs whose FineTuneJob was
+        deleted become cancelled. Each job in its own transaction."""
+        seen: set[str] = set()
+        for ftj in self.cluster.list("FineTuneJob"):
+            tenant_name = tenant_of_namespace(self.prefix, ftj["metadata"]["namespace"])
+            if tenant_name is None:
+                continue
+            with self._lock, Session(self.engine) as session:
+                try:
+                    job_id = self._follow(session, tenant_name, ftj)
+                    session.commit()
+                except Exception:
+                    session.rollback()
+                    log.exception("following FineTuneJob %s/%s failed", ftj["metadata"]["namespace"],
+                                  ftj["metadata"]["name"])
+                    continue
+            if job_id:
+                seen.add(job_id)
+        grace = timedelta(seconds=max(VANISHED_AFTER_SECONDS, VANISHED_AFTER_SYNCS * self.settings.kubernetes_sync_seconds))
+        with self._lock, Session(self.engine) as session:
+            for job in session.exec(select(Job).where(Job.status.not_in(TERMINAL))).all():
+                if job.cluster and job.id not in seen and now() - job.created_at > grace:
+                    job.status, job.finished_at = "cancelled", now()
+                    add_event(session, job, f"its FineTuneJob {job.cluster['namespace']}/{job.cluster['name']} was "
+                                            "deleted", level="warning")
+                    session.add(job)
+            session.commit()
+
+    def _follow(self, session: Session, tenant_name: str, ftj: dict) -> str | None:
+        meta = ftj["metadata"]
+        tenant = session.exec(select(Tenant).where(Tenant.name == tenant_name)).first()
+        if tenant is None:
+            return None
+        job_id = job_id_of(meta)
+        job = session.get(Job, job_id)
+        if job is not None and job.tenant_id != tenant.id:
+            log.warning("FineTuneJob %s/%s names job %s of another tenant: ignored", meta["namespace"], meta["name"],
+                        job_id)
+            return None
+        seen = observed(ftj)
+        if job is None:  # made with kubectl: the tenant's job from now on
+            spec = ftj.get("spec") or {}
+            job = Job(id=job_id, tenant_id=tenant.id, model=str((spec.get("model") or {}).get("source", ""))[:1024],
+                      spec=spec, status="queued")
+            add_event(session, job, f"created as FineTuneJob {meta['namespace']}/{meta['name']} (kubectl)")
+        job.cluster = {**(job.cluster or {}), "namespace": meta["namespace"], "name": meta["name"]}
+        if seen.token_hash:
+            job.telemetry_token_hash = seen.token_hash
+        if seen.plan:
+            job.plan = seen.plan
+        if job.status not in TERMINAL and (seen.status, seen.reason) != (job.status, job.cluster.get("reason")):
+            level = "error" if seen.status == "failed" else "info"
+            add_event(session, job, f"{seen.phase or 'Pending'} ({seen.reason}): {seen.message}", level=level)
+            job.status = seen.status
+            job.cluster["reason"] = seen.reason
+            if seen.status == "failed":
+                job.error_code, job.error_message = seen.reason, seen.message
+        job.started_at = job.started_at or seen.started_at
+        if job.status in TERMINAL:
+            job.finished_at = job.finished_at or seen.finished_at or now()
+        session.add(job)
+        return job.id

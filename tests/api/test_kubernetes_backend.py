@@ -1,0 +1,183 @@
+"""The API's kubernetes backend, with the real operator (`kopf run`) on an emulated API server, the test
+playing KubeRay and the runtime (the workers' calls, with the token the operator made).
+
+Pure parts first (tenant → namespace, what the API takes from a FineTuneJob), then the scenarios: a job
+submitted through the API runs to `succeeded` with its progress in both the API and the FineTuneJob's
+status; a FineTuneJob made with kubectl is its namespace's tenant's job and no one else's; cancel
+suspends then deletes; deleting the FineTuneJob cancels the job.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from tests.api.conftest import TRAIN, Server, upload
+from tests.support.emulated import Operator, client_for, wait_for
+from tunewright_api.backends.kubernetes import observed, tenant_namespace, tenant_of_namespace
+from tunewright_api.errors import ApiError
+from tunewright_jobs.telemetry import StartRecord, StepRecord
+from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
+from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, secret_token
+
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+
+
+def test_tenant_namespaces_round_trip_and_stay_valid_names():
+    assert tenant_namespace("tw-", "team-a") == "tw-team-a"
+    assert tenant_of_namespace("tw-", "tw-team-a") == "team-a"
+    assert tenant_of_namespace("tw-", "kube-system") is None and tenant_of_namespace("tw-", "tw-") is None
+    with pytest.raises(ApiError, match="over 63 characters"):
+        tenant_namespace("tw-", "a" * 62)
+
+
+def condition(type_, reason, message, minutes):
+    return {"type": type_, "status": "True", "reason": reason, "message": message,
+            "lastTransitionTime": (NOW + timedelta(minutes=minutes)).isoformat()}
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    ({}, ("queued", "Submitted")),
+    ({"phase": "Queued", "conditions": [condition("Planned", "Planned", "fsdp on 8", 0),
+                                         condition("Queued", "Unschedulable", "0/8 nodes", 1)]},
+     ("queued", "Unschedulable")),
+    ({"phase": "Running", "conditions": [condition("Running", "Training", "running", 2)]}, ("running", "Training")),
+    ({"phase": "Suspended", "conditions": [condition("Suspended", "Suspended", "held", 3)]},
+     ("queued", "Suspended")),
+    ({"phase": "Failed", "conditions": [condition("Failed", "BackoffLimitExceeded", "3 attempts", 4)]},
+     ("failed", "BackoffLimitExceeded")),
+    ({"phase": "Succeeded", "conditions": [condition("Succeeded", "Succeeded", "done", 5)]},
+     ("succeeded", "Succeeded")),
+])
+def test_what_the_api_takes_from_a_finetunejob(status, expected):
+    seen = observed({"metadata": {"annotations": {TOKEN_HASH_ANNOTATION: "ab" * 32}}, "status": status})
+    assert (seen.status, seen.reason) == expected and seen.token_hash == "ab" * 32
+
+
+SPEC = {"model": {"source": "hf://meta-llama/Llama-3.2-1B"}, "method": {"type": "lora"},
+        "hyperparameters": {"maxSteps": 20, "globalBatchSize": 16, "seqLen": 512},
+        "checkpoint": {"storage": "pvc://checkpoints/team", "everySteps": 10}}
+
+
+@pytest.fixture
+def cluster_api(emulated_cluster, tmp_path):
+    """The API on the kubernetes backend and the operator, both on the emulated cluster."""
+    with Server(tmp_path / "data", backend="kubernetes", kubernetes_sync_seconds=0.3) as api:
+        operator = Operator(emulated_cluster.write_kubeconfig(tmp_path / "operator-kubeconfig"),
+                            tmp_path / "operator.log", env={"TUNEWRIGHT_API_URL": api.url}).start()
+        try:
+            yield api, client_for(emulated_cluster), operator
+        finally:
+            operator.stop()
+
+
+def api_job(client: httpx.Client, job_id: str, *statuses: str, operator=None, what="") -> dict:
+    return wait_for(lambda: (job := client.get(f"/v1/jobs/{job_id}").json()).get("status") in statuses and job,
+                    what=what or f"job {job_id} {'/'.join(statuses)}", operator=operator)
+
+
+def kuberay_writes(cluster, namespace: str, status: dict) -> None:
+    (rayjob,) = cluster.list("RayJob", namespace)
+    cluster.patch_status("RayJob", namespace, rayjob["metadata"]["name"], status)
+
+
+
+@pytest.mark.slow
+def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api):
+    api, cluster, operator = cluster_api
+    alice = api.tenant("team-a")
+    train = upload(alice, TRAIN).json()["id"]
+    submitted = alice.post("/v1/jobs", json={**SPEC, "dataset": {"train": train}})
+    assert submitted.status_code == 201, submitted.text
+    job = submitted.json()
+    ftj = cluster.get("FineTuneJob", "tw-team-a", job["id"])
+    assert ftj["metadata"]["annotations"][JOB_ID_ANNOTATION] == job["id"] and ftj["spec"]["dataset"]["train"] == train
+    assert cluster.get("Namespace", None, "tw-team-a")["metadata"]["labels"]["tunewright.dev/tenant"] == "team-a"
+
+    rayjob = wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="the RayJob", operator=operator)[0]
+    name = rayjob["metadata"]["name"]
+    started = datetime.now(UTC) - timedelta(minutes=30)
+    kuberay_writes(cluster, "tw-team-a", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                          "startTime": started.strftime("%Y-%m-%dT%H:%M:%SZ")})
+    running = api_job(alice, job["id"], "running", operator=operator)
+    assert running["plan"] == cluster.get("FineTuneJob", "tw-team-a", job["id"])["status"]["plan"]
+
+    # the workers: the dataset and the telemetry endpoint from their config, with the operator's token
+    token = secret_token(cluster.get("Secret", "tw-team-a", f"{name}-telemetry"))
+    config = json.loads(cluster.get("ConfigMap", "tw-team-a", f"{name}-config")["data"]["job.json"])
+    headers = {"Authorization": f"Bearer {token}"}
+    dataset = httpx.get(config["dataset"]["train"], headers=headers)
+    assert dataset.status_code == 200 and dataset.content == TRAIN.read_bytes()
+    assert httpx.get(config["dataset"]["train"], headers={"Authorization": "Bearer forged"}).status_code == 401
+    other = config["dataset"]["train"].rsplit("/", 1)[0] + "/" + upload(alice, TRAIN).json()["id"]
+    assert httpx.get(other, headers=headers).status_code == 404  # a file the job does not name
+    records = [StartRecord(step=0, total_steps=20, steps_per_epoch=20, strategy="ddp", workers=8, device="cuda",
+                           micro_batch_size=2, grad_accum=1, global_batch_size=16, seq_len=512, parameters=10**9,
+                           trainable_parameters=10**7, train_examples=100, truncated_examples=0),
+               StepRecord(step=5, epoch=0, loss=1.5, learning_rate=1e-4, grad_norm=0.5, tokens=40960,
+                          tokens_per_second=9000.0, step_seconds=4.5, data_seconds=0.01,
+                          forward_backward_seconds=4.0, optimizer_seconds=0.4)]
+    receipt = httpx.post(config["metrics"]["endpoint"], headers=headers,
+                         json={"records": [r.model_dump(mode="json") for r in records]})
+    assert receipt.status_code == 200 and receipt.json()["accepted"] == 2, receipt.text
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["progress"]["step"] == 5
+
+    # the operator shows the API's numbers in the FineTuneJob's status (kubectl get ftj: PROGRESS)
+    kuberay_writes(cluster, "tw-team-a", {"dashboardURL": "http://head:8265"})  # any RayJob change wakes it
+    status = wait_for(lambda: (s := cluster.get("FineTuneJob", "tw-team-a", job["id"])["status"]).get(
+        "progress", {}).get("step") == 5 and s, what="progress in the FineTuneJob", operator=operator)
+    assert status["progress"]["percent"] == 25.0 and status["telemetry"]["costUSD"] > 0
+
+    kuberay_writes(cluster, "tw-team-a", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
+                                          "endTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    done = api_job(alice, job["id"], "succeeded", operator=operator)
+    assert done["finished_at"] and done["started_at"]
+    messages = [e["message"] for e in alice.get(f"/v1/jobs/{job['id']}/events?limit=100").json()["data"]]
+    assert any(m.startswith("Running (Training)") for m in messages)
+    assert any(m.startswith("Succeeded (Succeeded)") for m in messages)
+
+
+@pytest.mark.slow
+def test_a_job_made_with_kubectl_is_its_namespaces_tenants_only(cluster_api):
+    api, cluster, operator = cluster_api
+    alice, bob = api.tenant("team-a"), api.tenant("team-b")
+    for namespace in ("tw-team-a", "tw-nobody", "default"):
+        if namespace != "default":
+            cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        cluster.create({"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
+                               "metadata": {"name": "by-hand", "namespace": namespace},
+                               "spec": {**SPEC, "dataset": {"train": "pvc://datasets/train.jsonl"}}})
+    made = cluster.get("FineTuneJob", "tw-team-a", "by-hand")
+    job_id = job_id_of(made["metadata"])
+    listed = wait_for(lambda: alice.get("/v1/jobs").json()["data"], what="the kubectl job in the API")
+    assert [j["id"] for j in listed] == [job_id] and listed[0]["spec"]["model"]["source"] == SPEC["model"]["source"]
+    assert bob.get("/v1/jobs").json()["data"] == [] and bob.get(f"/v1/jobs/{job_id}").status_code == 404
+    wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="its RayJob", operator=operator)
+    events = [e["message"] for e in alice.get(f"/v1/jobs/{job_id}/events").json()["data"]]
+    assert "created as FineTuneJob tw-team-a/by-hand (kubectl)" in events
+    assert api_job(alice, job_id, "queued")["plan"]["pool"] == "h100"
+
+    cluster.delete("FineTuneJob", "tw-team-a", "by-hand")  # kubectl delete: the job is cancelled
+    cancelled = api_job(alice, job_id, "cancelled", operator=operator, what="cancelled after kubectl delete")
+    assert cancelled["finished_at"]
+
+
+@pytest.mark.slow
+def test_cancel_suspends_then_deletes_the_finetunejob(cluster_api):
+    api, cluster, operator = cluster_api
+    alice = api.tenant("team-a")
+    train = upload(alice, TRAIN).json()["id"]
+    job = alice.post("/v1/jobs", json={**SPEC, "dataset": {"train": train}}).json()
+    wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="the RayJob", operator=operator)
+    cancelled = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    wait_for(lambda: cluster.get("FineTuneJob", "tw-team-a", job["id"]) is None, what="the FineTuneJob gone",
+             operator=operator)
+    assert cluster.list("RayJob", "tw-team-a") == [] and cluster.list("Secret", "tw-team-a") == []
+    assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
+    time.sleep(1)  # a few syncs later the job is still cancelled, not re-created from a lingering listing
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
