@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from tunewright_operator import manifests
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.jobs import plan_job
-from tunewright_operator.planner.models import lookup
+from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_operator.planner.search import NoPlan
 from tunewright_operator.pools import planner_pool
 from tunewright_operator.spec import (
@@ -45,6 +46,8 @@ from tunewright_operator.status import (
 
 DATASET_BYTES_ANNOTATION = "tunewright.dev/dataset-bytes"  # the training file's size, when the API knows it
 TOKEN_HASH_ANNOTATION = "tunewright.dev/telemetry-token-sha256"
+MODEL_SHAPE_ANNOTATION = "tunewright.dev/model-shape"  # config.json's shape keys, for a model not in the catalog
+MAX_SHAPE_CHARACTERS = 16384
 JSONL_BYTES_PER_TOKEN = 4
 
 
@@ -229,11 +232,26 @@ def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = Non
     return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), ""
 
 
+def model_profile(source: str, annotations: dict) -> ModelProfile:
+    """The catalog's profile, else the shape the `tunewright.dev/model-shape` annotation gives (config.json's
+    keys: the API writes it for a model it can read; with kubectl, annotate it)."""
+    profile = lookup(source)
+    if profile is not None:
+        return profile
+    shape = annotations.get(MODEL_SHAPE_ANNOTATION)
+    if not shape:
+        raise ValueError(f"model.source: {source} is not in the planner's catalog: annotate the job with "
+                         f"{MODEL_SHAPE_ANNOTATION} holding the model's config.json (its shape keys), or submit it "
+                         "through the API, which reads it")
+    try:
+        config = json.loads(shape[:MAX_SHAPE_CHARACTERS])
+        return from_hf_config(source, config if isinstance(config, dict) else {})
+    except ValueError as err:
+        raise ValueError(f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}]: {err}") from None
+
+
 def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: dict) -> JobPlan:
-    profile = lookup(spec.model.source)
-    if profile is None:
-        raise ValueError(f"model.source: {spec.model.source} is not in the planner's catalog; a model read from "
-                         "a volume is planned from its config.json by the API (tunewright plan) for now")
+    profile = model_profile(spec.model.source, job["metadata"].get("annotations") or {})
     described = planner_pool(pool_name, pool)
     dataset_bytes = job["metadata"].get("annotations", {}).get(DATASET_BYTES_ANNOTATION)
     tokens = int(dataset_bytes) // JSONL_BYTES_PER_TOKEN if dataset_bytes and dataset_bytes.isdigit() else None

@@ -22,7 +22,7 @@ from tunewright_api.backends.kubernetes import observed, tenant_namespace, tenan
 from tunewright_api.errors import ApiError
 from tunewright_jobs.telemetry import StartRecord, StepRecord
 from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
-from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, secret_token
+from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION, TOKEN_HASH_ANNOTATION, secret_token
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
@@ -181,3 +181,16 @@ def test_cancel_suspends_then_deletes_the_finetunejob(cluster_api):
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
     time.sleep(1)  # a few syncs later the job is still cancelled, not re-created from a lingering listing
     assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
+
+
+@pytest.mark.slow
+def test_a_model_the_api_can_read_is_planned_by_the_operator_from_its_shape(cluster_api, tiny_models):
+    api, cluster, operator = cluster_api
+    alice = api.tenant("team-a")
+    train = upload(alice, TRAIN).json()["id"]
+    job = alice.post("/v1/jobs", json={**SPEC, "model": {"source": str(tiny_models["llama"])},
+                                       "dataset": {"train": train}}).json()
+    shape = json.loads(cluster.get("FineTuneJob", "tw-team-a", job["id"])["metadata"]["annotations"][
+        MODEL_SHAPE_ANNOTATION])
+    assert shape["num_hidden_layers"] == 2
+    wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="a RayJob planned from the shape", operator=operator)

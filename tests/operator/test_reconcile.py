@@ -4,6 +4,7 @@ resume; and an operator killed before every write of a reconcile ends with exact
 
 import base64
 import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -194,3 +195,26 @@ def test_a_change_a_running_job_cannot_take_is_said_not_ignored():
     run(cluster)
     applied = {c["type"]: c for c in job_status(cluster)["conditions"]}["SpecApplied"]
     assert (applied["status"], applied["reason"]) == ("True", "Applied")
+
+
+def test_a_model_outside_the_catalog_is_planned_from_its_annotated_shape():
+    from tunewright_operator.planner.models import CATALOG, hf_config
+    from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION
+
+    spec = {**SPEC, "model": {"source": "pvc://models/our-llama"}}
+    unknown = cluster_with(POOL, finetunejob(spec))
+    assert run(unknown).phase == "Failed"
+    assert MODEL_SHAPE_ANNOTATION in job_status(unknown)["conditions"][0]["message"]
+
+    shaped = finetunejob(spec)
+    shaped["metadata"]["annotations"] = {
+        MODEL_SHAPE_ANNOTATION: json.dumps(hf_config(CATALOG["meta-llama/Llama-3.1-8B"]))}
+    cluster = cluster_with(POOL, shaped)
+    assert run(cluster).phase == "Queued" and job_status(cluster)["plan"]["strategy"]
+
+    misshaped = finetunejob(spec)
+    misshaped["metadata"]["annotations"] = {MODEL_SHAPE_ANNOTATION: '{"hidden_size": 4096}'}
+    broken = cluster_with(POOL, misshaped)
+    assert run(broken).phase == "Failed"
+    message = job_status(broken)["conditions"][0]["message"]
+    assert message.startswith(f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}]: ") and "lacks" in message

@@ -15,6 +15,7 @@ trusts the sha256 the operator annotates on the FineTuneJob, only for a job of t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -32,9 +33,11 @@ from tunewright_api.states import TERMINAL
 from tunewright_operator import k8s
 from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
 from tunewright_operator.planner.hardware import Pool
+from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
 from tunewright_operator.pools import planner_pool
 from tunewright_operator.reconcile import (
     DATASET_BYTES_ANNOTATION,
+    MODEL_SHAPE_ANNOTATION,
     TOKEN_HASH_ANNOTATION,
     AlreadyExists,
     resolve_pool,
@@ -65,11 +68,16 @@ def tenant_of_namespace(prefix: str, namespace: str) -> str | None:
     return namespace.removeprefix(prefix) if namespace.startswith(prefix) and len(namespace) > len(prefix) else None
 
 
-def finetunejob_for(job: Job, spec: FineTuneJobSpec, namespace: str, train: StoredFile) -> dict:
-    """The FineTuneJob the API creates for a job (pure)."""
+def finetunejob_for(job: Job, spec: FineTuneJobSpec, namespace: str, train: StoredFile,
+                    profile: ModelProfile) -> dict:
+    """The FineTuneJob the API creates for a job (pure): with the model's shape when the operator's catalog
+    lacks it (the API read its config.json)."""
+    annotations = {JOB_ID_ANNOTATION: job.id, DATASET_BYTES_ANNOTATION: str(train.bytes)}
+    if lookup(spec.model.source) is None:
+        annotations[MODEL_SHAPE_ANNOTATION] = json.dumps(hf_config(profile), sort_keys=True)
     return {"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
             "metadata": {"name": job.id, "namespace": namespace, "labels": dict(MANAGED_BY),
-                         "annotations": {JOB_ID_ANNOTATION: job.id, DATASET_BYTES_ANNOTATION: str(train.bytes)}},
+                         "annotations": annotations},
             "spec": spec.model_dump(by_alias=True, mode="json", exclude_none=True)}
 
 
@@ -159,7 +167,8 @@ class KubernetesBackend:
             with contextlib.suppress(AlreadyExists):  # made meanwhile by a concurrent submit
                 self.cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
                     "name": namespace, "labels": {TENANT_LABEL: tenant.name, **MANAGED_BY}}})
-        self.cluster.create(finetunejob_for(job, spec, namespace, train))
+        profile = profile_for(spec.model.source, param="model.source")
+        self.cluster.create(finetunejob_for(job, spec, namespace, train, profile))
         job.telemetry_token_hash = ""  # until the operator annotates its token's hash
         job.cluster = {"namespace": namespace, "name": job.id}
 
