@@ -100,6 +100,16 @@ class Volumes:
                 for c in self.claims]
 
 
+def volume_uri(pod_path: str) -> str:
+    """Where a pod's path under a mounted claim is, as a user names it (pvc://claim/path): the inverse of
+    `Volumes.path`. Other paths are returned as they are."""
+    parts = PurePosixPath(pod_path).parts
+    root = PurePosixPath(PVC_ROOT).parts
+    if parts[:len(root)] != root or len(parts) == len(root):
+        return pod_path
+    return "pvc://" + "/".join(parts[len(root):])
+
+
 def volume_name(claim: str) -> str:
     return f"pvc-{short_hash(claim)}"
 

@@ -20,7 +20,7 @@ from tests.api.conftest import TRAIN, Server, upload
 from tests.support.emulated import Operator, client_for, wait_for
 from tunewright_api.backends.kubernetes import observed, tenant_namespace, tenant_of_namespace
 from tunewright_api.errors import ApiError
-from tunewright_jobs.telemetry import StartRecord, StepRecord
+from tunewright_jobs.telemetry import CheckpointRecord, EndRecord, ExportPaths, StartRecord, StepRecord
 from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
 from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION, TOKEN_HASH_ANNOTATION, secret_token
 
@@ -132,10 +132,23 @@ def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api):
         "progress", {}).get("step") == 5 and s, what="progress in the FineTuneJob", operator=operator)
     assert status["progress"]["percent"] == 25.0 and status["telemetry"]["costUSD"] > 0
 
+    output = f"{config['checkpoint']['storage']}/{name}"  # what the runtime writes, as the pods see it
+    ended = [CheckpointRecord(step=10, uri=f"{output}/checkpoint-10", train_loss=1.2, keep_last=2),
+             EndRecord(step=20, steps=20, final_loss=1.0, eval_before=None, eval_after=None,
+                       export=ExportPaths(adapter=f"{output}/output/adapter"), strategy="ddp", workers=8,
+                       resumed_from_step=0)]
+    assert httpx.post(config["metrics"]["endpoint"], headers=headers,
+                      json={"records": [r.model_dump(mode="json") for r in ended]}).json()["accepted"] == 2
+    adapter = f"pvc://checkpoints/team/{name}/output/adapter"  # where a user finds it: on the claim
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["result"]["export"]["adapter"] == adapter
+    checkpoints = alice.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()["data"]
+    assert checkpoints[0]["fine_tuned_model_checkpoint"] == f"pvc://checkpoints/team/{name}/checkpoint-10"
+
     kuberay_writes(cluster, "tw-team-a", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
                                           "endTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
     done = api_job(alice, job["id"], "succeeded", operator=operator)
     assert done["finished_at"] and done["started_at"]
+    assert alice.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"] == adapter
     messages = [e["message"] for e in alice.get(f"/v1/jobs/{job['id']}/events?limit=100").json()["data"]]
     assert any(m.startswith("Running (Training)") for m in messages)
     assert any(m.startswith("Succeeded (Succeeded)") for m in messages)

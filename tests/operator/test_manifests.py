@@ -14,10 +14,12 @@ from tunewright_operator.manifests import (
     ClusterSettings,
     ManifestError,
     Target,
+    Volumes,
     config_map,
     ray_job,
     ray_job_name,
     telemetry_secret,
+    volume_uri,
 )
 from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
@@ -159,3 +161,16 @@ def test_a_long_job_name_still_makes_valid_labels_and_names(rayjob_schema):
         assert len(obj["metadata"]["name"]) <= 63
     kubernetes_validate.validate(config_map(long, config), "1.37.0", strict=True)
     assert errors(rayjob_schema, rayjob) == []
+
+
+@pytest.mark.parametrize(("pod_path", "uri"), [
+    ("/mnt/pvc/checkpoints/llama/run/output/adapter", "pvc://checkpoints/llama/run/output/adapter"),
+    ("/mnt/pvc/checkpoints", "pvc://checkpoints"),
+    ("/mnt/pvc", "/mnt/pvc"),
+    ("/mnt/pvcx/a", "/mnt/pvcx/a"),
+    ("/tmp/out", "/tmp/out"),
+])
+def test_pod_paths_on_a_claim_read_back_as_the_users_uri(pod_path, uri):
+    assert volume_uri(pod_path) == uri
+    if uri.startswith("pvc://"):
+        assert Volumes().path(uri, "checkpoint.storage") == pod_path

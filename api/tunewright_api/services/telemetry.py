@@ -19,6 +19,7 @@ from tunewright_api.telemetry import (
     StepRecord,
     TelemetryRecord,
 )
+from tunewright_operator.manifests import volume_uri
 
 
 def authenticated_job(*, session: Session, job_id: str, token: str, finished_ok: bool = False) -> Job:
@@ -76,9 +77,13 @@ def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
             add_event(session, job, f"evaluation at step {record.step}", type_="metrics",
                       data=record.model_dump(exclude={"event", "time"}, exclude_none=True))
         case CheckpointRecord():
+            if job.cluster:
+                record = record.model_copy(update={"uri": volume_uri(record.uri)})
             register_checkpoint(session, job, record)
         case EndRecord():
             job.result = record.model_dump(mode="json", exclude={"event", "time"})
+            if job.cluster:  # where a user finds the trained model: on the claim, not inside a pod
+                job.result["export"] = {k: v and volume_uri(v) for k, v in job.result["export"].items()}
             add_event(session, job, f"training finished at step {record.step}", type_="metrics",
                       data={"step": record.step, "final_loss": record.final_loss})
 
