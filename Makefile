@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The CPU build that lies on this machine's disk; a GPU user sets e.g. TORCH_SPEC='torch>=2.6'.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: venv tools test test-fast demo lint clean
+.PHONY: venv tools test test-fast e2e-cluster demo lint clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,11 @@ test: venv tools
 	$(PY) -m pytest
 
 test-fast: venv
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow and not e2e"
+
+# The operator's scenario on a real cluster named by KUBECONFIG (KubeRay, a GPU node): see tests/e2e/.
+e2e-cluster: venv tools
+	$(PY) -m pytest -m e2e tests/e2e -s
 
 demo: venv
 	$(PY) -m tunewright_api.demo --out demo-output

@@ -21,6 +21,7 @@ KINDS = {
     "ConfigMap": ("", "v1", "configmaps", True),
     "Secret": ("", "v1", "secrets", True),
     "Pod": ("", "v1", "pods", True),
+    "PersistentVolumeClaim": ("", "v1", "persistentvolumeclaims", True),
     "Event": ("", "v1", "events", True),
     "Node": ("", "v1", "nodes", False),
     "Namespace": ("", "v1", "namespaces", False),

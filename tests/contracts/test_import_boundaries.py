@@ -1,6 +1,6 @@
-"""Imports go one way (DESIGN.md): api → operator (its typed contracts, the planner and the runtime-config
-builder); operator ↛ jobs, api; jobs ↛ anything of ours. Contracts across a boundary are held by tests,
-not imports: the runtime is reached through a process (`python -m tunewright_jobs...`) and its files."""
+"""Imports go one way (DESIGN.md): api → operator (its typed contracts, the planner, the runtime-config
+builder and, for the kubernetes backend, its cluster client and names); operator ↛ jobs, api; jobs ↛ anything
+of ours. Contracts across a boundary are held by tests, not imports: the runtime is reached through a process (`python -m tunewright_jobs...`) and its files."""
 
 import ast
 import importlib
@@ -14,7 +14,11 @@ PACKAGES = {"tunewright_jobs": ROOT / "jobs", "tunewright_operator": ROOT / "ope
 ALLOWED = {
     "tunewright_jobs": (),
     "tunewright_operator": (),
-    "tunewright_api": ("tunewright_operator.spec", "tunewright_operator.planner", "tunewright_operator.jobconfig"),
+    # the kubernetes backend speaks the operator's side of the cluster contract: its client, the names and
+    # annotations of what it makes, how a job's pool is resolved
+    "tunewright_api": ("tunewright_operator.spec", "tunewright_operator.planner", "tunewright_operator.jobconfig",
+                       "tunewright_operator.k8s", "tunewright_operator.manifests", "tunewright_operator.pools",
+                       "tunewright_operator.reconcile"),
 }
 
 

@@ -30,7 +30,7 @@ from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
 from tunewright_api.services.plans import plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL
-from tunewright_operator import k8s
+from tunewright_operator.k8s import KubernetesCluster, load_credentials
 from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
@@ -120,8 +120,8 @@ class KubernetesBackend:
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
         if self.cluster is None:
-            k8s.load_credentials()
-            self.cluster = k8s.KubernetesCluster(component="tunewright-api")
+            load_credentials()
+            self.cluster = KubernetesCluster(component="tunewright-api")
         self._thread = threading.Thread(target=self._loop, name="tunewright-kubernetes-backend", daemon=True)
         self._thread.start()
 
