@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     max_upload_bytes: int = 512 * 2**20
     kubernetes_namespace_prefix: str = "tw-"  # kubernetes backend: tenant t's jobs live in namespace <prefix>t
     kubernetes_sync_seconds: float = 2.0  # kubernetes backend: how often FineTuneJobs are read back
+    kubernetes_checkpoint_storage: str | None = None  # kubernetes backend: for jobs naming none (pvc://claim/path)
 
     @property
     def resolved_database_url(self) -> str:

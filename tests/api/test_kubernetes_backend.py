@@ -207,3 +207,28 @@ def test_a_model_the_api_can_read_is_planned_by_the_operator_from_its_shape(clus
         MODEL_SHAPE_ANNOTATION])
     assert shape["num_hidden_layers"] == 2
     wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="a RayJob planned from the shape", operator=operator)
+
+
+def test_what_the_operator_would_refuse_is_refused_at_submit_and_openai_jobs_get_the_default_storage(
+        emulated_cluster, tmp_path):
+    cluster = client_for(emulated_cluster)
+    with Server(tmp_path / "bare", backend="kubernetes") as api:
+        alice = api.tenant("team-a")
+        train = upload(alice, TRAIN).json()["id"]
+        for storage, field in ((None, "checkpoint.storage"), ("s3://bucket/x", "checkpoint.storage")):
+            spec = {**SPEC, "dataset": {"train": train}, "checkpoint": {"storage": storage} if storage else {}}
+            refused = alice.post("/v1/jobs", json=spec)
+            assert refused.status_code == 422 and refused.json()["error"]["param"] == field, refused.text
+        assert cluster.list("FineTuneJob") == []  # nothing half-made
+        no_storage = alice.post("/v1/fine_tuning/jobs", json={"model": SPEC["model"]["source"], "training_file": train})
+        assert no_storage.status_code == 422 and "checkpoint.storage" in no_storage.text
+    with Server(tmp_path / "defaults", backend="kubernetes",
+                kubernetes_checkpoint_storage="pvc://tunewright-checkpoints") as api:
+        alice = api.tenant("team-a")
+        train = upload(alice, TRAIN).json()["id"]
+        created = alice.post("/v1/fine_tuning/jobs", json={"model": SPEC["model"]["source"], "training_file": train})
+        assert created.status_code == 200, created.text
+        ftj = cluster.get("FineTuneJob", "tw-team-a", created.json()["id"])
+        assert ftj["spec"]["checkpoint"]["storage"] == "pvc://tunewright-checkpoints"
+        assert alice.get(f"/v1/jobs/{created.json()['id']}").json()["spec"]["checkpoint"]["storage"] == (
+            "pvc://tunewright-checkpoints")

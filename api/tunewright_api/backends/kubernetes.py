@@ -31,7 +31,14 @@ from tunewright_api.services.plans import plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL
 from tunewright_operator.k8s import KubernetesCluster, load_credentials
-from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
+from tunewright_operator.manifests import (
+    JOB_ID_ANNOTATION,
+    ClusterSettings,
+    ManifestError,
+    Target,
+    job_id_of,
+    ray_job,
+)
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
 from tunewright_operator.pools import planner_pool
@@ -163,6 +170,11 @@ class KubernetesBackend:
         """The tenant's namespace (once) and the FineTuneJob. The workers' token is the operator's."""
         tenant = session.get(Tenant, job.tenant_id)
         namespace = tenant_namespace(self.prefix, tenant.name)
+        storage = self.settings.kubernetes_checkpoint_storage
+        if spec.checkpoint.storage is None and storage:  # e.g. the OpenAI route, which has no such field
+            spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"storage": storage})})
+            job.spec = spec.model_dump(by_alias=True, exclude_none=True)
+        self._check_runnable(namespace, job, spec)
         if self.cluster.get("Namespace", None, namespace) is None:
             with contextlib.suppress(AlreadyExists):  # made meanwhile by a concurrent submit
                 self.cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
@@ -171,6 +183,17 @@ class KubernetesBackend:
         self.cluster.create(finetunejob_for(job, spec, namespace, train, profile))
         job.telemetry_token_hash = ""  # until the operator annotates its token's hash
         job.cluster = {"namespace": namespace, "name": job.id}
+
+    def _check_runnable(self, namespace: str, job: Job, spec: FineTuneJobSpec) -> None:
+        """What the operator would refuse (storage and data it cannot mount), refused now, naming the field."""
+        _, pool, why_not = resolve_pool(spec, self.cluster)
+        if pool is None:
+            raise ApiError(422, why_not, "resources.pool", "unknown_pool")
+        target = Target(namespace, job.id, job.id, job.id)
+        try:
+            ray_job(target, spec, job.job_plan, pool, ClusterSettings(api_url=self.settings.public_url))
+        except ManifestError as err:
+            raise ApiError(422, str(err), str(err).split(":", 1)[0], "invalid_value") from None
 
     def cancel(self, session: Session, job: Job) -> None:
         """Suspend (the RayJob stops at once and frees its GPUs), then delete the FineTuneJob (its finalizer
