@@ -1,14 +1,14 @@
 """Datasets named by URL (on a cluster, a file uploaded to the tunewright API), fetched once before training.
 
 The request carries the job's own token (TUNEWRIGHT_TELEMETRY_TOKEN): the API serves a job only the files
-its spec names, of its own tenant. The copy lands where every pod of the job sees it (the checkpoint
-storage, a volume they all mount), under its final name only once complete.
+its spec names, of its own tenant. The copy lands in `<output_dir>/data`, which every pod of the job sees
+(on a cluster the output is on the checkpoint volume they all mount), under its final name only once
+complete.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -30,8 +30,7 @@ def localize_datasets(cfg: JobConfig) -> JobConfig:
     wanted = {key: getattr(cfg.dataset, key) for key in ("train", "validation") if is_url(getattr(cfg.dataset, key))}
     if not wanted:
         return cfg
-    storage = cfg.checkpoint_storage
-    folder = (Path(storage) / cfg.name / "data") if "://" not in storage else Path(tempfile.mkdtemp(prefix="tw-data-"))
+    folder = Path(cfg.output_dir) / "data"  # on a cluster, output_dir is on the volume every pod mounts
     folder.mkdir(parents=True, exist_ok=True)
     token = os.environ.get("TUNEWRIGHT_TELEMETRY_TOKEN", "")
     local = {key: str(fetch(url, folder / f"{key}.jsonl", token, f"dataset.{key}")) for key, url in wanted.items()}

@@ -27,9 +27,20 @@ DISCOVERY_SECONDS = 60.0
 
 
 @kopf.on.login()
-def login(**kwargs) -> kopf.ConnectionInfo | None:
-    """In-cluster credentials, else the kubeconfig KUBECONFIG names, read when the operator starts."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+def login(settings: kopf.OperatorSettings, **_) -> kopf.ConnectionInfo:
+    """In-cluster credentials, else the kubeconfig KUBECONFIG names, read now (not when a module was
+    imported), through the Kubernetes client: its auth plugins (exec, e.g. EKS and GKE) included."""
+    from kubernetes import client
+
+    k8s.load_credentials()
+    config = client.Configuration.get_default_copy()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
+        username=config.username or None, password=config.password or None, scheme=scheme or None,
+        token=token or None, certificate_path=config.cert_file, private_key_path=config.key_file,
+        trust_env=settings.networking.trust_env)
 
 
 @kopf.on.startup()

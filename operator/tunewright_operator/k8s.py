@@ -100,9 +100,15 @@ class KubernetesCluster:
         self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": "Foreground"})
 
     def log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
-        """The last lines a pod's container printed (None when the pod is gone)."""
-        return self._call("GET", self._path("Pod", namespace, pod, "log"), raw=True,
-                          query={"container": container, "tailLines": str(tail_lines)})
+        """The last lines a pod's container printed (None when the pod is gone or its container has not
+        started: the API server answers 400 then)."""
+        try:
+            return self._call("GET", self._path("Pod", namespace, pod, "log"), raw=True,
+                              query={"container": container, "tailLines": str(tail_lines)})
+        except KubernetesError as err:
+            if err.status == 400:
+                return None
+            raise
 
     def event(self, regarding, type_, reason, message):
         meta = regarding["metadata"]

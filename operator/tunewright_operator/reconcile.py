@@ -243,11 +243,23 @@ def model_profile(source: str, annotations: dict) -> ModelProfile:
         raise ValueError(f"model.source: {source} is not in the planner's catalog: annotate the job with "
                          f"{MODEL_SHAPE_ANNOTATION} holding the model's config.json (its shape keys), or submit it "
                          "through the API, which reads it")
+    where = f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}]"
+    if len(shape) > MAX_SHAPE_CHARACTERS:
+        raise ValueError(f"{where}: longer than {MAX_SHAPE_CHARACTERS} characters")
     try:
-        config = json.loads(shape[:MAX_SHAPE_CHARACTERS])
-        return from_hf_config(source, config if isinstance(config, dict) else {})
+        config = json.loads(shape)
     except ValueError as err:
-        raise ValueError(f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}]: {err}") from None
+        raise ValueError(f"{where}: not JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: a JSON object of config.json's keys, not {type(config).__name__}")
+    for key, value in config.items():  # sizes: positive integers (a bool is a flag, not a size)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                not isinstance(value, int) or value <= 0):
+            raise ValueError(f"{where}.{key}: must be a positive integer, got {value!r}")
+    try:
+        return from_hf_config(source, config)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        raise ValueError(f"{where}: {err if isinstance(err, ValueError) else f'lacks or mistypes {err}'}") from None
 
 
 def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: dict) -> JobPlan:

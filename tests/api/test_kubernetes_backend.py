@@ -18,11 +18,12 @@ import pytest
 
 from tests.api.conftest import TRAIN, Server, upload
 from tests.support.emulated import Operator, client_for, wait_for
-from tunewright_api.backends.kubernetes import observed, tenant_namespace, tenant_of_namespace
+from tunewright_api.backends.kubernetes import TENANT_LABEL, observed, tenant_namespace, tenant_of_namespace
 from tunewright_api.errors import ApiError
 from tunewright_jobs.telemetry import CheckpointRecord, EndRecord, ExportPaths, StartRecord, StepRecord
 from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
 from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION, TOKEN_HASH_ANNOTATION, secret_token
+from tunewright_operator.status import Observation, with_condition
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
@@ -35,23 +36,32 @@ def test_tenant_namespaces_round_trip_and_stay_valid_names():
         tenant_namespace("tw-", "a" * 62)
 
 
-def condition(type_, reason, message, minutes):
-    return {"type": type_, "status": "True", "reason": reason, "message": message,
-            "lastTransitionTime": (NOW + timedelta(minutes=minutes)).isoformat()}
+def status_after(*observations: Observation, **extra) -> dict:
+    """A FineTuneJob status as the operator writes it after these observations, one a minute."""
+    conditions = []
+    for minute, observation in enumerate(observations):
+        conditions = with_condition(conditions, observation, 1, NOW + timedelta(minutes=minute))
+    return {"phase": observations[-1].phase, "conditions": [c.model_dump(by_alias=True, mode="json")
+                                                              for c in conditions], **extra}
+
+
+PLANNED = Observation("Planned", "Planned", "fsdp on 8 GPUs")
+UNSCHEDULABLE = Observation("Queued", "Unschedulable", "0/8 nodes are available")
+TRAINING = Observation("Running", "Training", "the Ray job is running")
 
 
 @pytest.mark.parametrize(("status", "expected"), [
     ({}, ("queued", "Submitted")),
-    ({"phase": "Queued", "conditions": [condition("Planned", "Planned", "fsdp on 8", 0),
-                                         condition("Queued", "Unschedulable", "0/8 nodes", 1)]},
-     ("queued", "Unschedulable")),
-    ({"phase": "Running", "conditions": [condition("Running", "Training", "running", 2)]}, ("running", "Training")),
-    ({"phase": "Suspended", "conditions": [condition("Suspended", "Suspended", "held", 3)]},
-     ("queued", "Suspended")),
-    ({"phase": "Failed", "conditions": [condition("Failed", "BackoffLimitExceeded", "3 attempts", 4)]},
+    (status_after(PLANNED), ("queued", "Planned")),
+    (status_after(PLANNED, UNSCHEDULABLE), ("queued", "Unschedulable")),
+    (status_after(PLANNED, UNSCHEDULABLE, TRAINING), ("running", "Training")),
+    (status_after(PLANNED, TRAINING, Observation("Suspended", "Suspended", "held")), ("queued", "Suspended")),
+    (status_after(PLANNED, TRAINING, Observation("Failed", "BackoffLimitExceeded", "3 attempts")),
      ("failed", "BackoffLimitExceeded")),
-    ({"phase": "Succeeded", "conditions": [condition("Succeeded", "Succeeded", "done", 5)]},
-     ("succeeded", "Succeeded")),
+    (status_after(PLANNED, TRAINING, Observation("Succeeded", "Succeeded", "done")), ("succeeded", "Succeeded")),
+    # a field a newer operator (or kopf) adds, or a status this API cannot read, never stops the following
+    (status_after(PLANNED, TRAINING, kopf={"progress": {}}, newField=1), ("running", "Training")),
+    ({"phase": "Running", "conditions": "garbage"}, ("running", "Running")),
 ])
 def test_what_the_api_takes_from_a_finetunejob(status, expected):
     seen = observed({"metadata": {"annotations": {TOKEN_HASH_ANNOTATION: "ab" * 32}}, "status": status})
@@ -87,7 +97,7 @@ def kuberay_writes(cluster, namespace: str, status: dict) -> None:
 
 
 @pytest.mark.slow
-def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api):
+def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api, emulated_cluster):
     api, cluster, operator = cluster_api
     alice = api.tenant("team-a")
     train = upload(alice, TRAIN).json()["id"]
@@ -105,6 +115,16 @@ def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api):
                                           "startTime": started.strftime("%Y-%m-%dT%H:%M:%SZ")})
     running = api_job(alice, job["id"], "running", operator=operator)
     assert running["plan"] == cluster.get("FineTuneJob", "tw-team-a", job["id"])["status"]["plan"]
+
+    # the driver's output, from the head pod (nothing while its container starts)
+    kuberay_writes(cluster, "tw-team-a", {"rayClusterName": f"{name}-raycluster"})
+    cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{name}-head", "namespace": "tw-team-a",
+        "labels": {"ray.io/cluster": f"{name}-raycluster", "ray.io/node-type": "head"}},
+        "spec": {"containers": [{"name": "ray-head", "image": "example/worker:0.1.0"}]}})
+    assert alice.get(f"/v1/jobs/{job['id']}/logs").json()["data"] == []
+    emulated_cluster.pod_logs[("tw-team-a", f"{name}-head")] = "".join(f"line {i}\n" for i in range(50))
+    assert alice.get(f"/v1/jobs/{job['id']}/logs?lines=3").json()["data"] == ["line 47", "line 48", "line 49"]
 
     # the workers: the dataset and the telemetry endpoint from their config, with the operator's token
     token = secret_token(cluster.get("Secret", "tw-team-a", f"{name}-telemetry"))
@@ -158,12 +178,19 @@ def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api):
 def test_a_job_made_with_kubectl_is_its_namespaces_tenants_only(cluster_api):
     api, cluster, operator = cluster_api
     alice, bob = api.tenant("team-a"), api.tenant("team-b")
-    for namespace in ("tw-team-a", "tw-nobody", "default"):
+    # an administrator hands tw-team-a to team-a by its label; tw-team-b has no label (made by someone who
+    # may create namespaces, before team-b ever submitted): it is not team-b's, and the API will not use it
+    labelled = {"tw-team-a": "team-a", "tw-team-b": None, "tw-nobody": "nobody", "tw-wrong": "team-b"}
+    for namespace, tenant in [*labelled.items(), ("default", None)]:
         if namespace != "default":
-            cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": namespace, "labels": {TENANT_LABEL: tenant} if tenant else {}}})
         cluster.create({"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
-                               "metadata": {"name": "by-hand", "namespace": namespace},
-                               "spec": {**SPEC, "dataset": {"train": "pvc://datasets/train.jsonl"}}})
+                        "metadata": {"name": "by-hand", "namespace": namespace},
+                        "spec": {**SPEC, "dataset": {"train": "pvc://datasets/train.jsonl"}}})
+    taken = bob.post("/v1/jobs", json={**SPEC, "dataset": {"train": upload(bob, TRAIN).json()["id"]}})
+    assert taken.status_code == 409 and taken.json()["error"]["param"] == "tenant"
+    assert "not labelled tunewright.dev/tenant=team-b" in taken.json()["error"]["message"]
     made = cluster.get("FineTuneJob", "tw-team-a", "by-hand")
     job_id = job_id_of(made["metadata"])
     listed = wait_for(lambda: alice.get("/v1/jobs").json()["data"], what="the kubectl job in the API")
@@ -232,3 +259,60 @@ def test_what_the_operator_would_refuse_is_refused_at_submit_and_openai_jobs_get
         assert ftj["spec"]["checkpoint"]["storage"] == "pvc://tunewright-checkpoints"
         assert alice.get(f"/v1/jobs/{created.json()['id']}").json()["spec"]["checkpoint"]["storage"] == (
             "pvc://tunewright-checkpoints")
+
+
+@pytest.fixture
+def cluster_api_alone(emulated_cluster, tmp_path):
+    """The API on the kubernetes backend with no operator: the test writes what the operator would."""
+    with Server(tmp_path / "data", backend="kubernetes", kubernetes_sync_seconds=0.2) as api:
+        yield api, client_for(emulated_cluster), api.app.state.backend
+
+
+def test_a_job_is_not_cancelled_because_following_it_failed(cluster_api_alone, monkeypatch):
+    api, cluster, backend = cluster_api_alone
+    alice = api.tenant("team-a")
+    job = alice.post("/v1/jobs", json={**SPEC, "dataset": {"train": upload(alice, TRAIN).json()["id"]}}).json()
+    monkeypatch.setattr("tunewright_api.backends.kubernetes.VANISHED_AFTER_SECONDS", 0.0)
+
+    def broken(*_):
+        raise RuntimeError("a status this API cannot follow")
+
+    monkeypatch.setattr(backend, "_follow", broken)
+    time.sleep(1.5)  # several syncs, each failing to follow it: it is listed, so it is not gone
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "queued"
+    monkeypatch.undo()
+    monkeypatch.setattr("tunewright_api.backends.kubernetes.VANISHED_AFTER_SECONDS", 0.0)
+    cluster.delete("FineTuneJob", "tw-team-a", job["id"])
+    assert api_job(alice, job["id"], "cancelled", what="cancelled once really gone")["status"] == "cancelled"
+
+
+def test_a_finetunejob_the_api_is_still_recording_is_not_taken_for_a_kubectl_one(cluster_api_alone):
+    api, cluster, backend = cluster_api_alone
+    alice = api.tenant("team-a")
+    alice.post("/v1/jobs", json={**SPEC, "dataset": {"train": upload(alice, TRAIN).json()["id"]}})  # the namespace
+    orphan = cluster.create({"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {
+        "name": "ftjob-0123456789abcdef01234567", "namespace": "tw-team-a",
+        "labels": {"app.kubernetes.io/managed-by": "tunewright-api"},
+        "annotations": {"tunewright.dev/job-id": "ftjob-0123456789abcdef01234567"}},
+        "spec": {**SPEC, "dataset": {"train": "pvc://datasets/train.jsonl"}}})
+    time.sleep(1)  # syncs meanwhile: its submit may still be committing the row
+    assert alice.get(f"/v1/jobs/{orphan['metadata']['name']}").status_code == 404
+    adopted = wait_for(lambda: alice.get(f"/v1/jobs/{orphan['metadata']['name']}").status_code == 200,
+                       what="the orphan adopted after the grace", timeout=15)
+    assert adopted
+    events = [e["message"] for e in alice.get(f"/v1/jobs/{orphan['metadata']['name']}/events").json()["data"]]
+    assert any("its submit did not complete: adopted" in m for m in events)
+
+
+def test_until_it_runs_a_kubectl_edit_of_the_spec_is_the_jobs_spec(cluster_api_alone):
+    api, cluster, backend = cluster_api_alone
+    alice = api.tenant("team-a")
+    job = alice.post("/v1/jobs", json={**SPEC, "dataset": {"train": upload(alice, TRAIN).json()["id"]}}).json()
+    cluster.patch("FineTuneJob", "tw-team-a", job["id"], {"spec": {"hyperparameters": {"maxSteps": 40}}})
+    wait_for(lambda: alice.get(f"/v1/jobs/{job['id']}").json()["spec"]["hyperparameters"]["maxSteps"] == 40,
+             what="the edited spec in the API")
+    cluster.patch_status("FineTuneJob", "tw-team-a", job["id"], {"phase": "Queued", "rayJobName": "x-123456"})
+    time.sleep(0.6)
+    cluster.patch("FineTuneJob", "tw-team-a", job["id"], {"spec": {"hyperparameters": {"maxSteps": 80}}})
+    time.sleep(1)  # running: the operator ignores the edit (SpecChangeIgnored), and so does the job
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["spec"]["hyperparameters"]["maxSteps"] == 40

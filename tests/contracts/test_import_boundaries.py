@@ -18,7 +18,7 @@ ALLOWED = {
     # annotations of what it makes, how a job's pool is resolved
     "tunewright_api": ("tunewright_operator.spec", "tunewright_operator.planner", "tunewright_operator.jobconfig",
                        "tunewright_operator.k8s", "tunewright_operator.manifests", "tunewright_operator.pools",
-                       "tunewright_operator.reconcile"),
+                       "tunewright_operator.reconcile", "tunewright_operator.status"),
 }
 
 

@@ -47,9 +47,9 @@ def config(tmp_path, train: str) -> JobConfig:
 def test_a_url_dataset_lands_on_the_shared_storage(api, tmp_path, monkeypatch):
     monkeypatch.setenv("TUNEWRIGHT_TELEMETRY_TOKEN", TOKEN)
     local = localize_datasets(config(tmp_path, f"{api}/file-1"))
-    assert local.dataset.train == str(tmp_path / "ckpt" / "job" / "data" / "train.jsonl")
-    assert (tmp_path / "ckpt" / "job" / "data" / "train.jsonl").read_bytes() == BODY
-    assert not list((tmp_path / "ckpt" / "job" / "data").glob(".*partial"))
+    assert local.dataset.train == str(tmp_path / "out" / "data" / "train.jsonl")
+    assert (tmp_path / "out" / "data" / "train.jsonl").read_bytes() == BODY
+    assert not list((tmp_path / "out" / "data").glob(".*partial"))
 
 
 def test_a_local_dataset_is_left_alone(tmp_path):
@@ -61,7 +61,7 @@ def test_a_refusal_names_the_dataset_and_the_answer_and_leaves_no_file(api, tmp_
     monkeypatch.setenv("TUNEWRIGHT_TELEMETRY_TOKEN", "wrong")
     with pytest.raises(DatasetError, match=r"^dataset.train: .* answered 401: .*invalid telemetry token"):
         localize_datasets(config(tmp_path, f"{api}/file-1"))
-    assert not list((tmp_path / "ckpt" / "job" / "data").iterdir())
+    assert not list((tmp_path / "out" / "data").iterdir())
 
 
 def test_a_dataset_over_the_bound_is_refused_whole(api, tmp_path):

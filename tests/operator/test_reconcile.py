@@ -212,9 +212,25 @@ def test_a_model_outside_the_catalog_is_planned_from_its_annotated_shape():
     cluster = cluster_with(POOL, shaped)
     assert run(cluster).phase == "Queued" and job_status(cluster)["plan"]["strategy"]
 
-    misshaped = finetunejob(spec)
-    misshaped["metadata"]["annotations"] = {MODEL_SHAPE_ANNOTATION: '{"hidden_size": 4096}'}
-    broken = cluster_with(POOL, misshaped)
-    assert run(broken).phase == "Failed"
-    message = job_status(broken)["conditions"][0]["message"]
-    assert message.startswith(f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}]: ") and "lacks" in message
+
+
+@pytest.mark.parametrize(("shape", "says"), [
+    ('{"hidden_size": 4096}', "]: model config.json of pvc://models/our-llama lacks 'num_attention_heads'"),
+    ('{"model_type": "gpt2", "n_embd": 768}', "]: lacks or mistypes 'n_layer'"),
+    ('{"num_attention_heads": 0}', "].num_attention_heads: must be a positive integer, got 0"),
+    ('{"hidden_size": 4096.5}', "].hidden_size: must be a positive integer"),
+    ('{"num_attention_heads": 8, "hidden_size": "4096", "num_hidden_layers": 2, "intermediate_size": 8,'
+     ' "vocab_size": 8}', "]: lacks or mistypes"),
+    ("[1, 2]", "]: a JSON object of config.json's keys, not list"),
+    ('{"hidden_size": ', "]: not JSON"),
+    ('{"x": "' + "y" * 20000 + '"}', "]: longer than 16384 characters"),
+])
+def test_a_bad_model_shape_fails_the_job_naming_the_annotation(shape, says):
+    from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION
+
+    job = finetunejob({**SPEC, "model": {"source": "pvc://models/our-llama"}})
+    job["metadata"]["annotations"] = {MODEL_SHAPE_ANNOTATION: shape}
+    cluster = cluster_with(POOL, job)
+    assert run(cluster).phase == "Failed"
+    message = job_status(cluster)["conditions"][0]["message"]
+    assert message.startswith(f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}") and says in message, message

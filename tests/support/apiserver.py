@@ -11,21 +11,27 @@ lacks what an operator depends on, so this is our own, written against the API c
 - optimistic concurrency: a PUT or a patch carrying a stale resourceVersion, or a JSON patch whose
   `test` fails, is 409 Conflict;
 - deletion: finalizers hold an object with a deletionTimestamp until they are removed; ownerReference
-  garbage collection of dependents (at once, where a real cluster does it soon after);
+  garbage collection of dependents (at once, where a real cluster does it soon after), Foreground
+  propagation (`foregroundDeletion` until the dependents are gone), namespaces taking their objects along
+  (and refusing new ones while terminating);
+- Secrets' write-only `stringData` folded into base64 `data`; pods' `log` (text the test sets, 400 while
+  the container has not started);
 - lists with kind, label selectors (=, !=, in, notin, exists) and field selectors on any dotted field;
 - watches as JSON lines from a resourceVersion, with timeoutSeconds, and watch-lists (sendInitialEvents,
   ended by the initial-events-end bookmark, as kubectl 1.35's `delete --wait` uses);
 - discovery (/api, /apis, /version) and Tables from `additionalPrinterColumns` (kubectl get).
 Not emulated, and so only a real cluster verifies: CEL rules, server-side apply, strategic merge of
-lists (taken as a merge patch), protobuf, RBAC, admission, OpenAPI documents (kubectl needs
-`--validate=false`), Pod Security, periodic watch bookmarks, 410 Gone for an expired resourceVersion (all history is kept),
-protobuf requests (kubectl 1.35 sends built-in kinds it creates, e.g. `kubectl create namespace`, as
+built-in kinds' lists (taken as a merge patch; refused with 415 on custom resources, as a real server
+does), RBAC, admission, OpenAPI documents (kubectl needs `--validate=false`), Pod Security, periodic
+watch bookmarks, 410 Gone for an expired resourceVersion (all history is kept), KubeRay's own finalizers,
+and protobuf requests (kubectl 1.35 sends built-in kinds it creates, e.g. `kubectl create namespace`, as
 protobuf: answered 415, so tests create those through JSON).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import logging
@@ -332,6 +338,7 @@ class FakeApiServer:
         self.on_write = None
         self.closing = False
         self.pruned: list[tuple[str, str]] = []  # (kind/name, field) the schema dropped from a write
+        self.pod_logs: dict[tuple[str, str], str] = {}  # (namespace, pod) → what its container printed
         self.loop: asyncio.AbstractEventLoop | None = None
         self.changed: asyncio.Condition | None = None
         self.url = ""
@@ -426,6 +433,9 @@ class FakeApiServer:
     def _admit(self, resource: Resource, obj: dict, strict: bool) -> dict:
         meta = obj["metadata"]
         label = f'{resource.kind}.{resource.group or "core"} "{meta.get("name")}"'
+        if resource.kind == "Secret" and "stringData" in obj:  # write-only: the server folds it into data
+            encoded = {k: base64.b64encode(str(v).encode()).decode() for k, v in obj.pop("stringData").items()}
+            obj["data"] = {**(obj.get("data") or {}), **encoded}
         check = self.checks.get((resource.group, resource.version, resource.plural))
         if check:
             obj = check.apply(obj, strict, label)
@@ -451,18 +461,57 @@ class FakeApiServer:
                 resource = next(r for r in self.resources.values() if (r.group, r.plural) == (group, plural))
                 self._delete(resource, copy.deepcopy(obj))
 
-    def _delete(self, resource: Resource, obj: dict) -> dict:
+    def _resource_of(self, key: tuple) -> Resource:
+        return next(r for r in self.resources.values() if (r.group, r.plural) == key[:2])
+
+    def _dependents(self, uid: str) -> list[tuple[tuple, dict]]:
+        return [(k, o) for k, o in self.objects.items()
+                if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences") or [])]
+
+    def _delete(self, resource: Resource, obj: dict, propagation: str = "Background") -> dict:
+        """Finalizers hold the object (deletionTimestamp set) until removed; Foreground adds the
+        `foregroundDeletion` finalizer until its dependents are gone; a namespace takes its objects along."""
         meta = obj["metadata"]
-        if meta.get("finalizers"):
+        contents = [(k, o) for k, o in self.objects.items() if k[2] == meta["name"]] if resource.plural == (
+            "namespaces") else []
+        if propagation == "Foreground" and self._dependents(meta["uid"]) and "foregroundDeletion" not in (
+                meta.get("finalizers") or []):
+            meta["finalizers"] = [*(meta.get("finalizers") or []), "foregroundDeletion"]
+        if meta.get("finalizers") or contents:
             if not meta.get("deletionTimestamp"):
                 meta["deletionTimestamp"] = now_rfc3339()
                 meta["deletionGracePeriodSeconds"] = 0
                 meta["generation"] = meta.get("generation", 1) + 1
                 self._store(resource, obj, "MODIFIED")
+            for key, dependent in [*self._dependents(meta["uid"]), *contents] if (
+                    "foregroundDeletion" in (meta.get("finalizers") or []) or contents) else []:
+                if not dependent["metadata"].get("deletionTimestamp"):
+                    self._delete(self._resource_of(key), copy.deepcopy(dependent))
+            self._settle_deletions()
             return obj
         self._store(resource, obj, "DELETED")
         self._collect_garbage()
+        self._settle_deletions()
         return obj
+
+    def _settle_deletions(self) -> None:
+        """Finish what waited on others: a foreground deletion whose dependents are gone, a namespace
+        whose objects are gone."""
+        for key, obj in list(self.objects.items()):
+            meta = obj["metadata"]
+            if not meta.get("deletionTimestamp") or key not in self.objects:
+                continue
+            finalizers = meta.get("finalizers") or []
+            if "foregroundDeletion" in finalizers and not self._dependents(meta["uid"]):
+                obj = copy.deepcopy(obj)
+                obj["metadata"]["finalizers"] = [f for f in finalizers if f != "foregroundDeletion"]
+                if obj["metadata"]["finalizers"]:
+                    self._store(self._resource_of(key), obj, "MODIFIED")
+                else:
+                    self._delete(self._resource_of(key), obj)
+            elif key[:2] == ("", "namespaces") and not finalizers and not any(
+                    k[2] == meta["name"] for k in self.objects):
+                self._delete(self._resource_of(key), copy.deepcopy(obj))
 
     # -- HTTP
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -500,6 +549,8 @@ class FakeApiServer:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
             name = rest[1] if len(rest) > 1 else None
             sub = rest[2] if len(rest) > 2 else None
+            if sub == "log" and resource.plural == "pods" and request.method == "GET":
+                return self._pod_log(namespace, name, request.query)
             if sub not in (None, "status") or (sub == "status" and not resource.status_subresource):
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
             return await self._serve(request, resource, namespace, name, sub)
@@ -536,7 +587,9 @@ class FakeApiServer:
             result, code = self._patch(resource, namespace, name, payload, sub, strict, dry_run,
                                        request.headers.get("Content-Type", "")), 200
         elif method == "DELETE" and name:
-            result, code = self._delete(resource, copy.deepcopy(self._get(resource, namespace, name))), 200
+            options = json.loads(body) if body.strip().startswith(b"{") else {}
+            propagation = query.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+            result, code = self._delete(resource, copy.deepcopy(self._get(resource, namespace, name)), propagation), 200
         else:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported here")
         if not dry_run:
@@ -546,6 +599,18 @@ class FakeApiServer:
                 if self.on_write:
                     self.on_write(self.writes)
         return web.json_response(copy.deepcopy(result), status=code)
+
+    def _pod_log(self, namespace, name, query) -> web.Response:
+        """What the kubelet would serve: the container's output (set by the test in `pod_logs`), 400 while
+        the container has not started."""
+        self._get(self.resources[("", "v1", "pods")], namespace, name)
+        text = self.pod_logs.get((namespace, name))
+        if text is None:
+            raise ApiError(400, "BadRequest", f'container "{query.get("container", "")}" in pod "{name}" is '
+                                              "waiting to start: ContainerCreating")
+        lines = text.splitlines(keepends=True)
+        tail = int(query.get("tailLines") or len(lines))
+        return web.Response(text="".join(lines[-tail:] if tail else []), content_type="text/plain")
 
     def _get(self, resource: Resource, namespace, name) -> dict:
         found = self.objects.get(self._key(resource, namespace, name))
@@ -565,8 +630,14 @@ class FakeApiServer:
                 "items": copy.deepcopy(self._matching(resource, namespace, query))}
 
     def _check_namespace(self, resource: Resource, namespace):
-        if resource.namespaced and ("", "namespaces", None, namespace) not in self.objects:
+        if not resource.namespaced:
+            return
+        found = self.objects.get(("", "namespaces", None, namespace))
+        if found is None:
             raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+        if found["metadata"].get("deletionTimestamp"):
+            raise ApiError(403, "Forbidden", f"unable to create new content in namespace {namespace} because it is "
+                                             "being terminated")
 
     def _create(self, resource: Resource, namespace, obj, strict, dry_run) -> dict:
         if not isinstance(obj, dict) or not isinstance(obj.get("metadata", {}), dict):
@@ -654,6 +725,10 @@ class FakeApiServer:
             if not isinstance(patch, list):
                 raise ApiError(400, "BadRequest", "a JSON patch is a list of operations")
             updated = json_patch(current, patch)
+        elif content_type.startswith("application/strategic-merge-patch+json") and resource.schema:
+            raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - accepted "
+                                                        "media types include: application/json-patch+json, "
+                                                        "application/merge-patch+json, application/apply-patch+yaml")
         elif content_type.startswith(("application/merge-patch+json", "application/strategic-merge-patch+json")):
             if not isinstance(patch, dict):
                 raise ApiError(400, "BadRequest", "a merge patch is an object")

@@ -1,7 +1,8 @@
 """The kubernetes backend: a job is a FineTuneJob in its tenant's namespace, run by the operator.
 
-Tenant → namespace: `<prefix><tenant>` (prefix `TUNEWRIGHT_KUBERNETES_NAMESPACE_PREFIX`, default `tw-`);
-the API creates the namespace (labelled with its tenant) when the tenant first submits. Every
+Tenant → namespace: `<prefix><tenant>` (prefix `TUNEWRIGHT_KUBERNETES_NAMESPACE_PREFIX`, default `tw-`),
+labelled `tunewright.dev/tenant=<tenant>`: the API creates it so when the tenant first submits, and refuses
+one that exists unlabelled (an administrator hands a namespace to a tenant by labelling it). Every
 FineTuneJob in such a namespace is that tenant's job, whoever created it: one made with kubectl appears
 in the tenant's job list under the id the operator also uses (`job_id_of`).
 
@@ -21,6 +22,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
@@ -44,19 +46,20 @@ from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
 from tunewright_operator.pools import planner_pool
 from tunewright_operator.reconcile import (
     DATASET_BYTES_ANNOTATION,
+    JSONL_BYTES_PER_TOKEN,
     MODEL_SHAPE_ANNOTATION,
     TOKEN_HASH_ANNOTATION,
     AlreadyExists,
     resolve_pool,
 )
 from tunewright_operator.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan
+from tunewright_operator.status import CONDITION_OF_PHASE
 
 log = logging.getLogger(__name__)
 TENANT_LABEL = "tunewright.dev/tenant"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tunewright-api"}
-JSONL_BYTES_PER_TOKEN = 4
-# a job whose FineTuneJob is missing this long after it was recorded was deleted (it is created before the
-# job's row commits, so a listing taken meanwhile may lack it): several syncs, at least a few seconds
+# a FineTuneJob missing from this many complete listings in a row, for a job recorded at least this long ago,
+# was deleted
 VANISHED_AFTER_SYNCS, VANISHED_AFTER_SECONDS = 3, 5.0
 LOG_CONTAINER = "ray-head"  # the Ray driver runs the training job's entrypoint on the head
 STATUS_OF_PHASE = {"Pending": "queued", "Planned": "queued", "Queued": "queued", "Suspended": "queued",
@@ -97,21 +100,30 @@ class Observed:
     reason: str
     message: str
     plan: dict | None
+    started: bool  # its RayJob exists: the spec can no longer change what runs
     started_at: datetime | None
     finished_at: datetime | None
     token_hash: str
 
 
+STATUS_FIELDS = {field.alias or name for name, field in FineTuneJobStatus.model_fields.items()}
+
+
 def observed(ftj: dict) -> Observed:
-    status = FineTuneJobStatus.model_validate(ftj.get("status") or {})
+    raw = ftj.get("status") or {}
+    try:  # what this API knows of the status: a field a newer operator adds is no reason to stop following
+        status = FineTuneJobStatus.model_validate({k: v for k, v in raw.items() if k in STATUS_FIELDS})
+    except ValidationError:
+        status = FineTuneJobStatus(phase=raw.get("phase") if raw.get("phase") in STATUS_OF_PHASE else None)
     phase = status.phase or "Pending"
-    current = max(status.conditions, key=lambda c: c.last_transition_time, default=None)
-    lifecycle = next((c for c in status.conditions if c.type == phase and c.status == "True"), current)
+    kind, truth = CONDITION_OF_PHASE[phase]  # the condition the operator sets for this phase
+    condition = next((c for c in status.conditions if (c.type, c.status) == (kind, truth)), None)
     return Observed(
-        phase=status.phase, status=STATUS_OF_PHASE[phase], reason=lifecycle.reason if lifecycle else "Submitted",
-        message=lifecycle.message if lifecycle else "waiting for the operator",
+        phase=status.phase, status=STATUS_OF_PHASE[phase],
+        reason=condition.reason if condition else ("Submitted" if status.phase is None else phase),
+        message=condition.message if condition else "waiting for the operator",
         plan=status.plan.model_dump(by_alias=True, mode="json") if status.plan else None,
-        started_at=status.start_time, finished_at=status.completion_time,
+        started=bool(status.ray_job_name), started_at=status.start_time, finished_at=status.completion_time,
         token_hash=(ftj["metadata"].get("annotations") or {}).get(TOKEN_HASH_ANNOTATION, ""))
 
 
@@ -175,10 +187,15 @@ class KubernetesBackend:
             spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"storage": storage})})
             job.spec = spec.model_dump(by_alias=True, exclude_none=True)
         self._check_runnable(namespace, job, spec)
-        if self.cluster.get("Namespace", None, namespace) is None:
+        existing = self.cluster.get("Namespace", None, namespace)
+        if existing is None:
             with contextlib.suppress(AlreadyExists):  # made meanwhile by a concurrent submit
-                self.cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                existing = self.cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
                     "name": namespace, "labels": {TENANT_LABEL: tenant.name, **MANAGED_BY}}})
+            existing = existing or self.cluster.get("Namespace", None, namespace)
+        if (existing["metadata"].get("labels") or {}).get(TENANT_LABEL) != tenant.name:
+            raise ApiError(409, f"namespace {namespace} exists but is not labelled {TENANT_LABEL}={tenant.name}: "
+                                "an administrator labels it to give it to this tenant", "tenant", "namespace_not_owned")
         profile = profile_for(spec.model.source, param="model.source")
         self.cluster.create(finetunejob_for(job, spec, namespace, train, profile))
         job.telemetry_token_hash = ""  # until the operator annotates its token's hash
@@ -226,52 +243,73 @@ class KubernetesBackend:
         return (text or "").splitlines()[-lines:]
 
     # --- following the FineTuneJobs --------------------------------------------------------------------
+    def tenant_namespaces(self) -> dict[str, str]:
+        """namespace → tenant: the namespaces labelled with the tenant their name maps to (the API labels
+        those it creates; an administrator labels one to hand it to a tenant)."""
+        found = {}
+        for namespace in self.cluster.list("Namespace", label_selector=TENANT_LABEL):
+            name, labels = namespace["metadata"]["name"], namespace["metadata"].get("labels") or {}
+            if tenant_of_namespace(self.prefix, name) == labels.get(TENANT_LABEL):
+                found[name] = labels[TENANT_LABEL]
+        return found
+
     def sync(self) -> None:
-        """Every FineTuneJob of a tenant's namespace into that tenant's job; jobs whose FineTuneJob was
-        deleted become cancelled. Each job in its own transaction."""
-        seen: set[str] = set()
-        for ftj in self.cluster.list("FineTuneJob"):
-            tenant_name = tenant_of_namespace(self.prefix, ftj["metadata"]["namespace"])
-            if tenant_name is None:
-                continue
+        """Every FineTuneJob of a tenant's namespace into that tenant's job, each in its own transaction;
+        a job whose FineTuneJob several complete listings in a row lacked (deleted) is cancelled."""
+        tenants = self.tenant_namespaces()
+        listed = [ftj for ftj in self.cluster.list("FineTuneJob") if ftj["metadata"]["namespace"] in tenants]
+        present = {(ftj["metadata"]["namespace"], ftj["metadata"]["name"]) for ftj in listed}
+        for ftj in listed:
             with self._lock, Session(self.engine) as session:
                 try:
-                    job_id = self._follow(session, tenant_name, ftj)
+                    self._follow(session, tenants[ftj["metadata"]["namespace"]], ftj)
                     session.commit()
                 except Exception:
                     session.rollback()
                     log.exception("following FineTuneJob %s/%s failed", ftj["metadata"]["namespace"],
                                   ftj["metadata"]["name"])
-                    continue
-            if job_id:
-                seen.add(job_id)
-        grace = timedelta(seconds=max(VANISHED_AFTER_SECONDS, VANISHED_AFTER_SYNCS * self.settings.kubernetes_sync_seconds))
         with self._lock, Session(self.engine) as session:
             for job in session.exec(select(Job).where(Job.status.not_in(TERMINAL))).all():
-                if job.cluster and job.id not in seen and now() - job.created_at > grace:
-                    job.status, job.finished_at = "cancelled", now()
-                    add_event(session, job, f"its FineTuneJob {job.cluster['namespace']}/{job.cluster['name']} was "
-                                            "deleted", level="warning")
-                    session.add(job)
+                if job.cluster:
+                    self._count_absence(session, job, (job.cluster["namespace"], job.cluster["name"]) in present)
             session.commit()
 
-    def _follow(self, session: Session, tenant_name: str, ftj: dict) -> str | None:
+    def _count_absence(self, session: Session, job: Job, present: bool) -> None:
+        missed = 0 if present else job.cluster.get("missed", 0) + 1
+        if missed != job.cluster.get("missed", 0):
+            job.cluster = {**job.cluster, "missed": missed}
+            session.add(job)
+        # the FineTuneJob is made before the job's row commits: a listing taken meanwhile lacks it
+        if missed >= VANISHED_AFTER_SYNCS and now() - job.created_at > timedelta(seconds=VANISHED_AFTER_SECONDS):
+            job.status, job.finished_at = "cancelled", now()
+            add_event(session, job, f"its FineTuneJob {job.cluster['namespace']}/{job.cluster['name']} was deleted",
+                      level="warning")
+
+    def _follow(self, session: Session, tenant_name: str, ftj: dict) -> None:
         meta = ftj["metadata"]
         tenant = session.exec(select(Tenant).where(Tenant.name == tenant_name)).first()
         if tenant is None:
-            return None
+            return
         job_id = job_id_of(meta)
         job = session.get(Job, job_id)
         if job is not None and job.tenant_id != tenant.id:
             log.warning("FineTuneJob %s/%s names job %s of another tenant: ignored", meta["namespace"], meta["name"],
                         job_id)
-            return None
+            return
         seen = observed(ftj)
-        if job is None:  # made with kubectl: the tenant's job from now on
-            spec = ftj.get("spec") or {}
-            job = Job(id=job_id, tenant_id=tenant.id, model=str((spec.get("model") or {}).get("source", ""))[:1024],
-                      spec=spec, status="queued")
-            add_event(session, job, f"created as FineTuneJob {meta['namespace']}/{meta['name']} (kubectl)")
+        spec = ftj.get("spec") or {}
+        if job is None:
+            by_api = (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") == MANAGED_BY[
+                "app.kubernetes.io/managed-by"]
+            age = now() - datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+            if by_api and age < timedelta(seconds=VANISHED_AFTER_SECONDS):
+                return  # its submit is committing the job's row now
+            job = Job(id=job_id, tenant_id=tenant.id, spec=spec, status="queued", model="")
+            add_event(session, job, f"created as FineTuneJob {meta['namespace']}/{meta['name']} " + (
+                "(its submit did not complete: adopted)" if by_api else "(kubectl)"))
+        if not seen.started:  # until it runs, the FineTuneJob's spec is the job's (kubectl may edit it)
+            job.spec = spec
+            job.model = str((spec.get("model") or {}).get("source", ""))[:1024]
         job.cluster = {**(job.cluster or {}), "namespace": meta["namespace"], "name": meta["name"]}
         if seen.token_hash:
             job.telemetry_token_hash = seen.token_hash
@@ -288,4 +326,3 @@ class KubernetesBackend:
         if job.status in TERMINAL:
             job.finished_at = job.finished_at or seen.finished_at or now()
         session.add(job)
-        return job.id
