@@ -178,12 +178,19 @@ def test_the_crd_refuses_a_bad_spec_naming_the_field(cluster, namespace):
     assert refused.value.status == 422 and "spec.method.type" in str(refused.value)
 
 
-def test_an_operator_killed_at_every_write_ends_with_one_rayjob(server, cluster, tmp_path):
+def test_an_operator_killed_at_every_write_ends_with_one_rayjob(tmp_path):
     """The operator is SIGKILLed the moment the API server has applied its n-th write (before it reads the
-    answer), for n = 1, 2, ... until a start completes unkilled; each time a new operator finishes the job."""
-    kill_at = 1
-    while kill_then_recover(server, cluster, tmp_path, kill_at):
-        kill_at += 1
+    answer), for n = 1, 2, ... until a start completes unkilled; each time a new operator finishes the job.
+    An API server of its own: no other operator may write (or reconcile) meanwhile."""
+    server = FakeApiServer(list(resources())).start()
+    try:
+        cluster = client_for(server)
+        cluster.create(POOL)
+        kill_at = 1
+        while kill_then_recover(server, cluster, tmp_path, kill_at):
+            kill_at += 1
+    finally:
+        server.stop()
     assert kill_at > 5  # starting a job takes several writes: each was a kill point
 
 
