@@ -1,0 +1,157 @@
+"""The Helm chart rendered and linted by the real helm binary (4.1, `make tools`), for the default values and
+realistic values files: every object valid for the oldest and newest Kubernetes the chart claims, our kinds
+valid for our CRDs, every pod admitted under the `restricted` Pod Security Standard, the values schema
+refusing unknown and mistyped keys by name, and the images' versions in step with the runtime's."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.support.pss import pod_specs, restricted_violations
+from tests.support.schemas import errors
+from tunewright_operator.crds import crds, values_pool_schema, with_pool_schema
+from tunewright_operator.manifests import RAY_VERSION
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "tunewright"
+HELM = ROOT / ".tools" / "bin" / "helm"
+VALUES = sorted((Path(__file__).parent / "values").glob("*.yaml"))
+CASES = [None, *VALUES]
+OLDEST, NEWEST = "1.28.0", "1.37.0"  # Chart.yaml's kubeVersion floor; the newest kubernetes-validate knows
+OTHERS_CRDS = {"ServiceMonitor"}  # the Prometheus Operator's kind: no schema here
+
+
+def helm(*args: str) -> subprocess.CompletedProcess:
+    assert HELM.exists(), f"{HELM} is missing: run `make tools` (CI's `make test` does)"
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120,
+                          env={"HOME": "/tmp", "PATH": "/usr/bin:/bin", "HELM_CACHE_HOME": "/tmp/helm-cache",
+                               "HELM_CONFIG_HOME": "/tmp/helm-config", "HELM_DATA_HOME": "/tmp/helm-data"})
+
+
+@cache
+def render(values: Path | None, kube_version: str = NEWEST) -> list[dict]:
+    args = ["template", "tw", str(CHART), "--namespace", "tunewright", "--kube-version", kube_version,
+            "--include-crds"]
+    done = helm(*args, *(["-f", str(values)] if values else []))
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def case_id(values: Path | None) -> str:
+    return values.stem if values else "defaults"
+
+
+@pytest.mark.parametrize("values", CASES, ids=case_id)
+def test_lints_strictly(values):
+    done = helm("lint", "--strict", "--kube-version", NEWEST, str(CHART), *(["-f", str(values)] if values else []))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("kube_version", [OLDEST, NEWEST])
+@pytest.mark.parametrize("values", CASES, ids=case_id)
+def test_every_object_is_valid_kubernetes(values, kube_version):
+    objects = render(values, kube_version)
+    ours = {crd["spec"]["names"]["kind"]: crd for crd in crds().values()}
+    for obj in objects:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in ours:
+            schema = ours[obj["kind"]]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            assert errors(schema, obj) == [], where
+        elif obj["kind"] not in OTHERS_CRDS:
+            try:
+                kubernetes_validate.validate(obj, kube_version, strict=True)
+            except kubernetes_validate.ValidationError as err:
+                pytest.fail(f"{where}: {err.message} at {list(err.path)}")
+
+
+@pytest.mark.parametrize("values", CASES, ids=case_id)
+def test_every_pod_is_admitted_as_restricted_with_a_read_only_root(values):
+    pods = pod_specs(render(values))
+    assert len(pods) >= 2
+    for where, pod in pods:
+        assert restricted_violations(pod) == [], where
+        for container in pod["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert container["resources"]["requests"] and container["resources"]["limits"]["memory"], where
+            assert container.get("livenessProbe") or container.get("readinessProbe"), where
+
+
+def test_the_restricted_check_sees_what_admission_would_refuse():
+    pod = {"hostNetwork": True, "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+           "containers": [{"name": "c", "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}},
+                           "ports": [{"containerPort": 80, "hostPort": 80}]}]}
+    found = "\n".join(restricted_violations(pod))
+    for expected in ("hostNetwork", "hostPath", "privileged", "allowPrivilegeEscalation", "drop: must include ALL",
+                     "only NET_BIND_SERVICE", "runAsNonRoot", "seccompProfile", "hostPort"):
+        assert expected in found
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"api": {"replica": 2}}, "at '/api': additional properties 'replica' not allowed"),
+    ({"operator": {"replicas": 2}}, "at '/operator/replicas'"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+    ({"api": {"service": {"port": "eighty"}}}, "at '/api/service/port'"),
+    ({"pools": [{"name": "h100", "gpu": "H100", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "nvlink4",
+                 "pricePerGPUHour": 2.5, "gpusPerNodes": 8}]}, "additional properties 'gpusPerNodes' not allowed"),
+    ({"pools": [{"name": "h100", "gpu": "B300", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "nvlink4",
+                 "pricePerGPUHour": 2.5}]}, "at '/pools/0/gpu'"),
+    ({"database": {"bundled": {"enabled": False}}}, "at '/database/external/existingSecret'"),
+    ({"api": {"checkpointStorage": "s3://bucket/x"}}, "at '/api/checkpointStorage'"),
+])
+def test_the_values_schema_refuses_unknown_and_mistyped_keys_by_name(values, message, tmp_path):
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    done = helm("template", "tw", str(CHART), "-f", str(path))
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_every_values_key_is_documented_and_typed():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    text = (CHART / "values.yaml").read_text()
+    documented = set(re.findall(r"# -- .*\n\s*(\w+):", text))
+
+    def keys(node, prefix=""):
+        for name, sub in (node.get("properties") or {}).items():
+            yield name, sub
+            if name != "pools":
+                yield from keys(sub, f"{prefix}{name}.")
+
+    for name, sub in keys(schema):
+        assert "description" in sub, f"{name}: no description in values.schema.json"
+    leaves = {name for name, sub in keys(schema) if sub.get("type") != "object" or name in (
+        "resources", "nodeSelector", "affinity", "annotations", "labels", "workerImage")}
+    assert leaves - {"pools"} <= documented | {"requests", "limits"}, leaves - documented
+
+
+def test_the_pools_value_is_checked_as_the_gpupool_crd_checks_a_spec():
+    """Generated with the CRDs (python -m tunewright_operator.crds): fails when either drifts."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema == with_pool_schema(schema)
+    assert schema["properties"]["pools"]["items"] == values_pool_schema()
+
+
+def test_images_follow_the_chart_and_carry_the_tested_ray_and_python():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    assert chart["appVersion"] == version
+    worker = (ROOT / "images" / "worker" / "Dockerfile").read_text()
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    assert f"FROM rayproject/ray:{RAY_VERSION}-{python}-gpu" in worker
+    import ray
+
+    assert ray.__version__ == RAY_VERSION  # the Ray the tests ran with is the one the image carries
+    api = (ROOT / "images" / "tunewright" / "Dockerfile").read_text()
+    assert f"FROM python:{sys.version_info.major}.{sys.version_info.minor}-slim" in api
+    assert "USER 1000:1000" in api and "USER 1000:100" in worker  # what the pod security contexts run as
+    defaults = render(None)
+    images = {c["image"] for _, pod in pod_specs(defaults) for c in pod["containers"]}
+    assert f"ghcr.io/tunewright/tunewright:{chart['appVersion']}" in images
