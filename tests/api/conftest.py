@@ -32,7 +32,7 @@ class Server:
     def __init__(self, data_dir: Path, port: int | None = None, **settings):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.settings = Settings(data_dir=data_dir, admin_token=ADMIN, public_url=self.url, **settings)
+        self.settings = Settings(**{"data_dir": data_dir, "admin_token": ADMIN, "public_url": self.url, **settings})
         self.app = create_app(self.settings)
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -109,7 +109,8 @@ def backend_server(request, tmp_path):
             yield s
         return
     request.getfixturevalue("emulated_cluster")
-    with Server(tmp_path / "data", backend="kubernetes", kubernetes_sync_seconds=0.3) as s:
+    with Server(tmp_path / "data", backend="kubernetes", kubernetes_sync_seconds=0.3,
+                kubernetes_checkpoint_storage="pvc://tunewright-checkpoints") as s:
         yield s
 
 

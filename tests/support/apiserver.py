@@ -19,7 +19,10 @@ lacks what an operator depends on, so this is our own, written against the API c
 - lists with kind, label selectors (=, !=, in, notin, exists) and field selectors on any dotted field;
 - watches as JSON lines from a resourceVersion, with timeoutSeconds, and watch-lists (sendInitialEvents,
   ended by the initial-events-end bookmark, as kubectl 1.35's `delete --wait` uses);
-- discovery (/api, /apis, /version) and Tables from `additionalPrinterColumns` (kubectl get).
+- discovery (/api, /apis, /version) and Tables from `additionalPrinterColumns` (kubectl get);
+- RBAC for service accounts (tokens the test registers): their requests are held to the ClusterRoles,
+  Roles and bindings stored here (a chart's, applied with kubectl), refused with 403 as the API server
+  says it, and kept in an audit; the built-in kinds a chart installs are stored and served.
 Not emulated, and so only a real cluster verifies: CEL rules, server-side apply, strategic merge of
 built-in kinds' lists (taken as a merge patch; refused with 415 on custom resources, as a real server
 does), RBAC, admission, OpenAPI documents (kubectl needs `--validate=false`), Pod Security, periodic
@@ -33,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import dataclasses
 import json
 import logging
 import re
@@ -82,6 +86,20 @@ CORE = [Resource("", "v1", "namespaces", "Namespace", False, ["ns"]),
         Resource("", "v1", "secrets", "Secret", True),
         Resource("", "v1", "pods", "Pod", True, ["po"], ["all"], status_subresource=True),
         Resource("", "v1", "events", "Event", True, ["ev"])]
+# what a chart installs besides: stored and served (checked offline with kubernetes-validate, not here)
+INSTALLABLE = [Resource("", "v1", "serviceaccounts", "ServiceAccount", True, ["sa"]),
+               Resource("", "v1", "services", "Service", True, ["svc"]),
+               Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ["pvc"]),
+               Resource("apps", "v1", "deployments", "Deployment", True, ["deploy"]),
+               Resource("apps", "v1", "statefulsets", "StatefulSet", True, ["sts"]),
+               Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+               Resource("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+               Resource("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+               Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+               Resource("networking.k8s.io", "v1", "ingresses", "Ingress", True, ["ing"]),
+               Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True, ["netpol"]),
+               Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
+                        ["crd"])]
 
 
 def resources_of_crd(crd: dict, versions: set[str] | None = None) -> list[Resource]:
@@ -99,6 +117,29 @@ def resources_of_crd(crd: dict, versions: set[str] | None = None) -> list[Resour
 
 def load_crd(path: Path, versions: set[str] | None = None) -> list[Resource]:
     return resources_of_crd(yaml.load(path.read_text(), Loader=yaml.CSafeLoader), versions)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request of a service account, as RBAC sees it."""
+
+    user: str
+    verb: str
+    group: str
+    resource: str  # "pods", or "pods/log" for a subresource
+    namespace: str | None
+    name: str | None
+    allowed: bool
+
+
+def rule_allows(rule: dict, access: Access) -> bool:
+    def has(values, wanted):
+        return "*" in (values or []) or wanted in (values or [])
+
+    named = not rule.get("resourceNames") or (access.name in rule["resourceNames"] and access.verb not in (
+        "create", "list", "watch", "deletecollection"))
+    return (has(rule.get("apiGroups"), access.group) and has(rule.get("resources"), access.resource)
+            and has(rule.get("verbs"), access.verb) and named)
 
 
 class ApiError(Exception):
@@ -329,7 +370,11 @@ class FakeApiServer:
     TEST_AGENT = "tunewright-tests"
 
     def __init__(self, resources: list[Resource]):
-        self.resources = {(r.group, r.version, r.plural): r for r in [*CORE, *resources]}
+        self.resources = {(r.group, r.version, r.plural): r for r in [*CORE, *INSTALLABLE, *resources]}
+        # bearer token → "system:serviceaccount:<namespace>:<name>", held to the RBAC objects stored here;
+        # any other token is the cluster's admin (the tests' own)
+        self.service_account_tokens: dict[str, str] = {}
+        self.audit: list[Access] = []  # every request a service account made, and whether RBAC allowed it
         self.checks = {key: SchemaCheck(r.schema) for key, r in self.resources.items() if r.schema}
         self.objects: dict[tuple, dict] = {}  # (group, plural, namespace, name) → object
         self.history: list[tuple[int, tuple, str, dict]] = []  # (rv, (group, plural), type, object)
@@ -385,11 +430,11 @@ class FakeApiServer:
         await self._notify()
         await asyncio.sleep(0.1)
 
-    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+    def write_kubeconfig(self, path: Path, namespace: str = "default", token: str = "emulator-token") -> Path:
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "tester", "user": {"token": "emulator-token"}}],
+            "users": [{"name": "tester", "user": {"token": token}}],
             "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester",
                                                           "namespace": namespace}}]}))
         return path
@@ -549,6 +594,7 @@ class FakeApiServer:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
             name = rest[1] if len(rest) > 1 else None
             sub = rest[2] if len(rest) > 2 else None
+            self._authorize(request, resource, namespace, name, sub)
             if sub == "log" and resource.plural == "pods" and request.method == "GET":
                 return self._pod_log(namespace, name, request.query)
             if sub not in (None, "status") or (sub == "status" and not resource.status_subresource):
@@ -599,6 +645,44 @@ class FakeApiServer:
                 if self.on_write:
                     self.on_write(self.writes)
         return web.json_response(copy.deepcopy(result), status=code)
+
+    # -- RBAC
+    def _authorize(self, request, resource: Resource, namespace, name, sub) -> None:
+        token = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        user = self.service_account_tokens.get(token)
+        if user is None:
+            return
+        verb = {"GET": "watch" if request.query.get("watch") in ("true", "1") else "get" if name else "list",
+                "POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection"}.get(request.method, request.method.lower())
+        access = Access(user, verb, resource.group, resource.plural + (f"/{sub}" if sub else ""), namespace, name,
+                        False)
+        access = dataclasses.replace(access, allowed=any(rule_allows(rule, access) for rule in self._rules_of(
+            user, namespace)))
+        self.audit.append(access)
+        if not access.allowed:
+            where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+            raise ApiError(403, "Forbidden", f'{access.resource}.{resource.group or "core"} "{name or ""}" is '
+                                             f'forbidden: User "{user}" cannot {verb} resource "{access.resource}" '
+                                             f'in API group "{resource.group}"{where}')
+
+    def _rules_of(self, user: str, namespace: str | None) -> list[dict]:
+        """The rules bound to `user`: ClusterRoles anywhere, Roles (or ClusterRoles) bound in `namespace`."""
+        _, _, sa_namespace, sa_name = user.split(":")
+        rules = []
+        for (group, plural, ns, _), binding in list(self.objects.items()):
+            if group != "rbac.authorization.k8s.io" or plural not in ("clusterrolebindings", "rolebindings"):
+                continue
+            if plural == "rolebindings" and ns != namespace:
+                continue
+            if not any(s.get("kind") == "ServiceAccount" and s.get("name") == sa_name and s.get("namespace", ns)
+                       == sa_namespace for s in binding.get("subjects") or []):
+                continue
+            ref = binding["roleRef"]
+            role = self.objects.get(("rbac.authorization.k8s.io", "clusterroles" if ref["kind"] == "ClusterRole"
+                                     else "roles", None if ref["kind"] == "ClusterRole" else ns, ref["name"]))
+            rules += (role or {}).get("rules") or []
+        return rules
 
     def _pod_log(self, namespace, name, query) -> web.Response:
         """What the kubelet would serve: the container's output (set by the test in `pod_logs`), 400 while
@@ -850,3 +934,10 @@ class FakeApiServer:
             raise ApiError(404, "NotFound", f"no API {group}/{version}")
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version, "resources": listed}
+
+
+def service_account_kubeconfig(server: FakeApiServer, path: Path, namespace: str, name: str) -> Path:
+    """A kubeconfig authenticating as a service account (what its pod's mounted token would do)."""
+    token = f"sa-{secrets.token_hex(16)}"
+    server.service_account_tokens[token] = f"system:serviceaccount:{namespace}:{name}"
+    return server.write_kubeconfig(path, namespace, token)

@@ -39,16 +39,18 @@ def client_for(server: FakeApiServer) -> KubernetesCluster:
 class Operator:
     """`kopf run` in a subprocess, started and stopped (or killed) by the test."""
 
-    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None):
-        self.kubeconfig, self.log, self.env = kubeconfig, log, env or {}
+    COMMAND = ("kopf", "run", "--standalone", "--all-namespaces", "--verbose", "-m", "tunewright_operator.handlers")
+
+    def __init__(self, kubeconfig: Path, log: Path, env: dict[str, str] | None = None,
+                 command: tuple[str, ...] = COMMAND):
+        self.kubeconfig, self.log, self.env, self.command = kubeconfig, log, env or {}, command
         self.process: subprocess.Popen | None = None
 
     def start(self) -> Operator:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **self.env}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "kopf", "run", "--standalone", "--all-namespaces", "--verbose",
-             "-m", "tunewright_operator.handlers"],
-            env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
+        assert self.command[0] == "kopf", self.command
+        self.process = subprocess.Popen([sys.executable, "-m", *self.command], env=env, stdout=self.log.open("a"),
+                                        stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
     def stop(self) -> None:
