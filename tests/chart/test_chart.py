@@ -95,6 +95,31 @@ def test_the_restricted_check_sees_what_admission_would_refuse():
         assert expected in found
 
 
+@pytest.mark.parametrize("values", CASES, ids=case_id)
+def test_helms_sdk_renders_the_same_objects_and_lints_clean(values):
+    """Helm's own Go code through helm-python-sdk, beside the binary: the same objects (secrets' random
+    values aside), and a strict lint with no error."""
+    import helm_python
+
+    given = yaml.safe_load(values.read_text()) if values else {}
+    chart = helm_python.Chart.load(CHART)
+    try:
+        rendered = chart.render(given, name="tw", namespace="tunewright", is_install=True)
+    finally:
+        chart.close()
+    objects = [doc for path, text in sorted(rendered.items()) if path.endswith(".yaml")
+               for doc in yaml.safe_load_all(text) if doc]
+    by_binary = [o for o in render(values) if o["kind"] != "CustomResourceDefinition"]
+
+    def comparable(obj):
+        return obj["kind"], obj["metadata"]["name"], json.dumps(obj if obj["kind"] != "Secret" else obj["metadata"],
+                                                                sort_keys=True)
+
+    assert sorted(map(comparable, objects)) == sorted(map(comparable, by_binary))
+    linted = helm_python.lint(CHART, given, strict=True, kube_version=NEWEST)
+    assert linted["errors"] == [] and all(m["severity"] <= 1 for m in linted["messages"]), linted
+
+
 @pytest.mark.parametrize(("values", "message"), [
     ({"api": {"replica": 2}}, "at '/api': additional properties 'replica' not allowed"),
     ({"operator": {"replicas": 2}}, "at '/operator/replicas'"),
@@ -112,6 +137,14 @@ def test_the_values_schema_refuses_unknown_and_mistyped_keys_by_name(values, mes
     path.write_text(yaml.safe_dump(values))
     done = helm("template", "tw", str(CHART), "-f", str(path))
     assert done.returncode != 0 and message in done.stderr, done.stderr
+    import helm_python
+
+    chart = helm_python.Chart.load(CHART)
+    try:
+        with pytest.raises(helm_python.HelmValuesError, match=re.escape(message)):
+            chart.validate_schema(chart.merge_values(values))  # with the defaults, as an install checks them
+    finally:
+        chart.close()
 
 
 def test_every_values_key_is_documented_and_typed():
