@@ -243,7 +243,7 @@ def test_kubectl_apply_get_describe_delete(server, cluster, operator, tmp_path):
         return done.stdout + done.stderr
 
     cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
-    applied = kubectl("apply", "--validate=false", "-f", str(ROOT / "examples"))
+    applied = kubectl("apply", "--validate=false", "-n", "team-a", "-f", str(ROOT / "examples"))
     assert "finetunejob.tunewright.dev/llama-8b-support-lora created" in applied
     wait_for(lambda: status_of(cluster, "team-a", "llama-8b-support-lora").get("rayJobName"),
              what="the example's RayJob", operator=operator)
