@@ -138,6 +138,8 @@ def serve(args) -> int:
     from tunewright_api.settings import Settings
 
     settings = Settings()
+    if os.environ.get("TMPDIR"):  # uploads spool there (the chart points it at the data volume): it must exist
+        Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     if not settings.admin_token:
         token_file = settings.data_dir / "admin.token"
         settings.data_dir.mkdir(parents=True, exist_ok=True)

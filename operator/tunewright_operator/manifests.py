@@ -126,7 +126,9 @@ def ray_job_name(target: Target) -> str:
 
 def owner_reference(target: Target) -> dict:
     return {"apiVersion": API_VERSION, "kind": "FineTuneJob", "name": target.name, "uid": target.uid,
-            "controller": True, "blockOwnerDeletion": True}
+            # no blockOwnerDeletion: the operator's finalizer deletes what it made, and setting it would need
+            # `update` on finetunejobs/finalizers where OwnerReferencesPermissionEnforcement admission runs
+            "controller": True}
 
 
 def labels(target: Target) -> dict[str, str]:

@@ -147,6 +147,27 @@ def test_the_values_schema_refuses_unknown_and_mistyped_keys_by_name(values, mes
         chart.close()
 
 
+@pytest.mark.parametrize(("pools", "message"), [
+    ([{"name": "a", "default": True}, {"name": "a"}], "pools: the name a is given twice"),
+    ([{"name": "a", "default": True}, {"name": "b", "default": True}], "pools: several are marked default (a, b)"),
+])
+def test_pools_that_cannot_work_together_fail_the_install(pools, message, tmp_path):
+    spec = {"gpu": "H100", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "nvlink4", "pricePerGPUHour": 1.0}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"pools": [{**spec, **pool} for pool in pools]}))
+    done = helm("template", "tw", str(CHART), "-f", str(path))
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+def test_a_gitops_render_makes_no_secret_it_would_have_to_look_up():
+    objects = render(next(v for v in VALUES if v.stem == "gitops"))
+    assert [o for o in objects if o["kind"] == "Secret"] == []
+    api = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-api"))
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in api["spec"]["template"]["spec"]["containers"][0]
+            ["env"] if "valueFrom" in e}
+    assert refs == {"TUNEWRIGHT_ADMIN_TOKEN": "tunewright-admin", "TUNEWRIGHT_DATABASE_URL": "tunewright-database"}
+
+
 def test_every_values_key_is_documented_and_typed():
     schema = json.loads((CHART / "values.schema.json").read_text())
     text = (CHART / "values.yaml").read_text()

@@ -11,6 +11,7 @@ operator's liveness port (any free one), and the database (SQLite, not the bundl
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 from datetime import UTC, datetime, timedelta
 
@@ -22,6 +23,7 @@ from tests.api.conftest import TRAIN, Server, free_port, upload
 from tests.chart.test_chart import CHART, HELM, VALUES
 from tests.support.apiserver import FakeApiServer, service_account_kubeconfig
 from tests.support.emulated import ROOT, Operator, client_for, resources, wait_for
+from tunewright_api.settings import Settings
 
 pytestmark = pytest.mark.slow
 NAMESPACE = "tunewright"
@@ -100,6 +102,7 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
         assert api_pod["containers"][0]["command"][:2] == ["tunewright", "serve"] and env["TUNEWRIGHT_BACKEND"] == (
             "kubernetes")
         settings = {k.removeprefix("TUNEWRIGHT_").lower(): v for k, v in env.items() if k.startswith("TUNEWRIGHT_")}
+        assert set(settings) <= set(Settings.model_fields), "the chart sets a TUNEWRIGHT_ variable the API ignores"
         port = free_port()
         settings.pop("data_dir")
         settings.update(database_url=None, public_url=f"http://127.0.0.1:{port}", kubernetes_sync_seconds=0.3)
@@ -111,6 +114,9 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
             container = operator_pod["containers"][0]
             command = tuple(arg.replace("http://0.0.0.0:8080/", "http://127.0.0.1:0/") for arg in container["command"])
             operator_env = {**environment(container, admin), "TUNEWRIGHT_API_URL": api.url}
+            read = set(re.findall(r'os\.environ\.get\("(\w+)"', (ROOT / "operator" / "tunewright_operator" /
+                                                                   "handlers.py").read_text()))
+            assert set(operator_env) <= read, f"the chart sets {set(operator_env) - read}, which the operator ignores"
             operator = Operator(service_account_kubeconfig(server, tmp_path / "operator-kubeconfig", NAMESPACE,
                                                            operator_pod["serviceAccountName"]),
                                 tmp_path / "operator.log", operator_env, command).start()

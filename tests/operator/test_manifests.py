@@ -105,7 +105,7 @@ def test_name_owner_and_lifecycle_follow_the_finetunejob(rayjob_schema):
     assert meta["name"] == ray_job_name(TARGET) and len(meta["name"]) <= 47 and meta["namespace"] == "team-a"
     assert meta["ownerReferences"] == [{"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
                                         "name": TARGET.name, "uid": TARGET.uid, "controller": True,
-                                        "blockOwnerDeletion": True}]
+                                        }]
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "research" and body["suspend"] is True  # Kueue admits
     assert body["activeDeadlineSeconds"] == 7200 and body["backoffLimit"] == 3
     assert body["shutdownAfterJobFinishes"] is True and body["ttlSecondsAfterFinished"] == 600

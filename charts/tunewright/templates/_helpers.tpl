@@ -32,6 +32,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- .Values.api.internalURL | default (printf "http://%s-api.%s.svc:%d" (include "tunewright.fullname" .) .Release.Namespace (int .Values.api.service.port)) -}}
 {{- end -}}
 
+{{- define "tunewright.databaseSecret" -}}
+{{- .Values.database.bundled.existingSecret | default (printf "%s-database" (include "tunewright.fullname" .)) -}}
+{{- end -}}
+
 {{- define "tunewright.adminSecret" -}}
 {{- .Values.adminToken.existingSecret | default (printf "%s-admin-token" (include "tunewright.fullname" .)) -}}
 {{- end -}}
