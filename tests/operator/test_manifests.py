@@ -174,3 +174,13 @@ def test_pod_paths_on_a_claim_read_back_as_the_users_uri(pod_path, uri):
     assert volume_uri(pod_path) == uri
     if uri.startswith("pvc://"):
         assert Volumes().path(uri, "checkpoint.storage") == pod_path
+
+
+@pytest.mark.parametrize("chosen", PLANS, ids=lambda p: f"{p.strategy}-{p.gpus}")
+def test_the_jobs_pods_are_admitted_under_the_restricted_pod_security_standard(chosen):
+    from tests.support.pss import restricted_violations
+
+    rayjob, _ = ray_job(TARGET, FineTuneJobSpec.model_validate(SPEC), chosen, POOL, SETTINGS)
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        assert restricted_violations(group["template"]["spec"]) == []
