@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 MAX_REPORTED_ERRORS = 20
+MAX_LINE_BYTES = 16 * 2**20  # one example; a longer line is refused, not read into memory
 CHAT_ROLES = {"system", "user", "assistant", "tool"}
 
 
@@ -50,31 +51,62 @@ def _check_text(record: dict) -> str | None:
 _CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text}
 
 
-def read_jsonl(path: str | Path, fmt: str) -> list[dict]:
-    """Every record of a JSONL file, or a DatasetError listing the first bad lines."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: no such file")
+def _scan(path: Path, fmt: str):
+    """(line number, record, problem) for every non-blank line, read as bytes one bounded line at a time:
+    a line that is not UTF-8 or is longer than MAX_LINE_BYTES is a problem of that line, never a crash."""
     check = _CHECKS[fmt]
-    records, errors = [], []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        lineno = 0
+        while raw := fh.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                while (rest := fh.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                    pass  # the rest of the over-long line: skipped, not held
+                yield lineno, None, f"longer than {MAX_LINE_BYTES} bytes"
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield lineno, None, f"not UTF-8 text (byte {err.start + 1} of the line)"
+                continue
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
                 problem = "must be a JSON object" if not isinstance(record, dict) else check(record)
             except json.JSONDecodeError as err:
-                problem = f"not valid JSON ({err.msg} at column {err.colno})"
-            if problem:
-                errors.append(f"{path}:{lineno}: {problem}")
-            else:
-                records.append(record)
+                problem = f"not valid JSON ({err.msg} at character {err.pos + 1})"
+                record = None
+            yield lineno, None if problem else record, problem
+
+
+def _read(path: str | Path, fmt: str, keep: bool) -> tuple[list[dict], int]:
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: no such file")
+    records, count, errors = [], 0, []
+    for lineno, record, problem in _scan(path, fmt):
+        if problem:
+            errors.append(f"{path}:{lineno}: {problem}")
             if len(errors) >= MAX_REPORTED_ERRORS:
                 errors.append("(stopped after the first errors)")
                 break
+        else:
+            count += 1
+            if keep:
+                records.append(record)
     if errors:
         raise DatasetError(f"dataset rejected (format {fmt}):\n  " + "\n  ".join(errors))
-    if not records:
+    if not count:
         raise DatasetError(f"{path}: no examples")
-    return records
+    return records, count
+
+
+def read_jsonl(path: str | Path, fmt: str) -> list[dict]:
+    """Every record of a JSONL file, or a DatasetError listing the first bad lines."""
+    return _read(path, fmt, keep=True)[0]
+
+
+def count_examples(path: str | Path, fmt: str) -> int:
+    """How many good records a JSONL file holds (checked as `read_jsonl` does, none kept in memory)."""
+    return _read(path, fmt, keep=False)[1]

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tunewright_jobs.dataset_files import DatasetError, read_jsonl
+from tunewright_jobs.dataset_files import DatasetError, count_examples
 
 FORMAT_KEYS = (("messages", "chat"), ("completion", "prompt_completion"), ("prompt", "prompt_completion"),
                ("text", "text"))
@@ -40,11 +40,11 @@ def validate(path: Path, fmt: str) -> dict:
             return {"format": None, "errors": [f"{path.name}:1: cannot tell the format: the first record needs "
                                                '"messages" (chat), "prompt"/"completion" or "text"']}
     try:
-        records = read_jsonl(path, fmt)
+        examples = count_examples(path, fmt)
     except DatasetError as err:
         lines = str(err).splitlines()
         return {"format": fmt, "errors": [line.strip() for line in lines[1:]] or lines}
-    return {"format": fmt, "examples": len(records)}
+    return {"format": fmt, "examples": examples}
 
 
 def main(argv: list[str] | None = None) -> int:

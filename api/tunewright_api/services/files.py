@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -39,33 +40,40 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
            filename: str | None, purpose: str) -> StoredFile:
     if purpose not in PURPOSES:
         raise ApiError(422, f"purpose must be one of {sorted(PURPOSES)}", "purpose", "invalid_value")
-    file_id = new_id("file")
-    folder = (data_dir / "files" / tenant.id).resolve()
+    file_id, tenant_id = new_id("file"), tenant.id
+    # no database connection is held while the file is written and validated (seconds for a large one): a
+    # burst of uploads must not take the pool from every other request
+    session.close()
+    folder = (data_dir / "files" / tenant_id).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f"{file_id}.partial"
-    size = 0
-    with partial.open("wb") as out:
-        while chunk := content.read(1 << 20):
-            size += len(chunk)
-            if size > max_bytes:
-                out.close()
-                partial.unlink()
-                raise ApiError(413, f"file larger than {max_bytes} bytes", "file", "too_large")
-            out.write(chunk)
-    checked = validate_dataset(partial)
-    if "errors" in checked:
-        partial.unlink()
-        name = filename or "upload"
-        # the user's file name, never where the server keeps it
-        errors = [e.replace(str(partial), name).replace(str(folder), "").replace(partial.name, name)
-                  for e in checked["errors"]]
-        raise ApiError(400, "dataset rejected: " + "; ".join(errors), "file", "invalid_file")  # OpenAI's status
-    final = folder / f"{file_id}.jsonl"
-    shutil.move(partial, final)
-    stored = StoredFile(id=file_id, tenant_id=tenant.id, filename=filename or "upload.jsonl", purpose=purpose,
+    partial, final = folder / f"{file_id}.partial", folder / f"{file_id}.jsonl"
+    try:
+        size = 0
+        # owner-only: a tenant's data is no other local user's to read
+        with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            while chunk := content.read(1 << 20):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ApiError(413, f"file larger than {max_bytes} bytes", "file", "too_large")
+                out.write(chunk)
+        checked = validate_dataset(partial)
+        if "errors" in checked:
+            name = filename or "upload"
+            # the user's file name, never where the server keeps it
+            errors = [e.replace(str(partial), name).replace(str(folder), "").replace(partial.name, name)
+                      for e in checked["errors"]]
+            raise ApiError(400, "dataset rejected: " + "; ".join(errors), "file", "invalid_file")  # OpenAI's
+        shutil.move(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)  # refused, failed or moved: no .partial stays behind
+    stored = StoredFile(id=file_id, tenant_id=tenant_id, filename=filename or "upload.jsonl", purpose=purpose,
                         bytes=size, format=checked["format"], examples=checked["examples"], path=str(final))
-    session.add(stored)
-    session.commit()
+    try:
+        session.add(stored)
+        session.commit()
+    except Exception:
+        final.unlink(missing_ok=True)  # no file without its row
+        raise
     return stored
 
 
