@@ -63,11 +63,16 @@ def _bearer(authorization: str | None) -> str:
     return token.strip()
 
 
-def current_token(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> ApiToken:
+def token_of(session: Session, authorization: str | None) -> ApiToken:
+    """The token an Authorization header carries; 401 when it carries none, or one unknown here."""
     token = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(_bearer(authorization)))).first()
     if token is None:
         raise HTTPException(401, "invalid token")
     return token
+
+
+def current_token(session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> ApiToken:
+    return token_of(session, authorization)
 
 
 TokenDep = Annotated[ApiToken, Depends(current_token)]

@@ -12,6 +12,7 @@ from tunewright_api import errors
 from tunewright_api.auth import issue_token
 from tunewright_api.backends import make_backend
 from tunewright_api.db import make_engine, migrate
+from tunewright_api.limits import RequestLimits
 from tunewright_api.routes import files, fine_tuning, health, jobs, pools, telemetry, tokens
 from tunewright_api.settings import Settings, get_settings
 
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan,
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
     errors.install(app)
+    app.add_middleware(RequestLimits, max_upload_bytes=settings.max_upload_bytes)
     for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
                    telemetry.router):
         app.include_router(router)
