@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from tunewright_operator.planner.hardware import GPUS, LINKS
@@ -33,22 +33,36 @@ class CamelModel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+def _printable(value: str) -> str:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must not contain control characters (a NUL or a newline is never part of a path or name)")
+    return value
+
+
+# a path, URI or name: no control characters; the CRD says the same with a pattern
+Printable = Annotated[str, AfterValidator(_printable), Field(json_schema_extra={"pattern": r"^[^\x00-\x1f\x7f]*$"})]
+
+
 class ModelSpec(CamelModel):
     """The model to start from."""
 
-    source: str = Field(min_length=1, max_length=1024,
+    source: Printable = Field(min_length=1, max_length=1024,
                         description='Model to fine-tune: "hf://org/name", "org/name", "pvc://claim/path" or "/abs/path".')
-    revision: str | None = Field(default=None, description="Hugging Face revision (branch, tag or commit).")
+    revision: Printable | None = Field(default=None, max_length=255,
+                                 description="Hugging Face revision (branch, tag or commit).")
 
 
 class LoraSpec(CamelModel):
     """LoRA adapters (method.type lora)."""
 
-    r: PositiveInt = Field(default=16, description="Adapter rank.")
-    alpha: PositiveFloat = Field(default=32, description="Adapter scaling numerator (scale = alpha / r).")
+    r: Annotated[int, Field(gt=0, le=4096)] = Field(default=16, description="Adapter rank (at most the model's "
+                                                                             "hidden size).")
+    alpha: Annotated[float, Field(gt=0, le=1e6)] = Field(default=32, description="Adapter scaling numerator "
+                                                                                 "(scale = alpha / r).")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(default=0.05, description="Dropout on the adapter input.")
-    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"], min_length=1,
-                                      description='Modules to adapt, or ["all-linear"].')
+    target_modules: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]] = Field(
+        default_factory=lambda: ["all-linear"], min_length=1, max_length=64,
+        description='Modules to adapt, or ["all-linear"].')
 
 
 class MethodSpec(CamelModel):
@@ -61,25 +75,30 @@ class MethodSpec(CamelModel):
 class DatasetSpec(CamelModel):
     """The data: JSONL in one of three formats (chat, prompt_completion, text)."""
 
-    train: str = Field(description="Training JSONL: an uploaded file id (file-...) or a path/URI the workers read.")
-    validation: str | None = Field(default=None, description="Validation JSONL, same forms as train.")
+    train: Printable = Field(min_length=1, max_length=1024,
+                       description="Training JSONL: an uploaded file id (file-...) or a path/URI the workers read.")
+    validation: Printable | None = Field(default=None, max_length=1024,
+                                   description="Validation JSONL, same forms as train.")
     format: DatasetFormat = Field(default="chat", description="Record format.")
 
 
 class HyperparametersSpec(CamelModel):
     """Optimization settings; the batch is split into micro-batches by the plan."""
 
-    epochs: PositiveInt = Field(default=DEFAULT_EPOCHS, description="Passes over the data.")
-    max_steps: PositiveInt | None = Field(default=None, description="Optimizer steps; overrides epochs.")
-    learning_rate: PositiveFloat = Field(default=2e-4, description="Peak learning rate.")
-    global_batch_size: PositiveInt | None = Field(
+    epochs: Annotated[int, Field(gt=0, le=1000)] = Field(default=DEFAULT_EPOCHS, description="Passes over the data.")
+    max_steps: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(
+        default=None, description="Optimizer steps; overrides epochs.")
+    learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=2e-4, description="Peak learning rate.")
+    global_batch_size: Annotated[int, Field(gt=0, le=65536)] | None = Field(
         default=None, description=f"Sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}).")
-    global_batch_tokens: PositiveInt | None = Field(
+    global_batch_tokens: Annotated[int, Field(gt=0, le=2**30)] | None = Field(
         default=None, description="Tokens per optimizer step, a multiple of seqLen (instead of globalBatchSize).")
-    seq_len: PositiveInt = Field(default=2048, description="Tokens per packed sequence.")
+    seq_len: Annotated[int, Field(gt=0, le=1_048_576)] = Field(
+        default=2048, description="Tokens per packed sequence (at most the model's positions).")
     warmup_ratio: Annotated[float, Field(ge=0, lt=1)] = Field(default=0.03, description="Share of steps warming up.")
-    weight_decay: Annotated[float, Field(ge=0)] = Field(default=0.0, description="AdamW weight decay.")
-    seed: int = Field(default=42, description="Data order and initialization seed.")
+    weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.0, description="AdamW weight decay.")
+    seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(default=42, description="Data order and initialization "
+                                                                                    "seed.")
 
     @model_validator(mode="after")
     def _one_batch_unit(self) -> HyperparametersSpec:
@@ -103,14 +122,17 @@ class HyperparametersSpec(CamelModel):
 class ResourcesSpec(CamelModel):
     """Where and how large: the pool, a cap on GPUs, a forced strategy, a budget, a Kueue queue."""
 
-    pool: str | None = Field(default=None, description="GPUPool to run on (default: the cluster's default pool).")
-    max_gpus: PositiveInt | None = Field(default=None, alias="maxGPUs", description="Upper bound on GPUs.")
+    pool: str | None = Field(default=None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                             description="GPUPool to run on (default: the cluster's default pool).")
+    max_gpus: Annotated[int, Field(gt=0, le=65536)] | None = Field(default=None, alias="maxGPUs",
+                                                                  description="Upper bound on GPUs.")
     strategy: Literal["auto", Strategy] = Field(
         default="auto", description="auto lets the planner choose from model size and network topology.")
-    budget_usd: PositiveFloat | None = Field(default=None, alias="budgetUSD",
-                                             description="Fastest plan whose predicted cost fits this budget.")
-    queue: str | None = Field(default=None, description="Kueue LocalQueue name.")
-    deadline_seconds: PositiveInt | None = Field(
+    budget_usd: Annotated[float, Field(gt=0, le=1e9)] | None = Field(
+        default=None, alias="budgetUSD", description="Fastest plan whose predicted cost fits this budget.")
+    queue: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                              description="Kueue LocalQueue name.")
+    deadline_seconds: Annotated[int, Field(gt=0, le=366 * 86400)] | None = Field(
         default=None, description="Wall-clock limit of the run (RayJob activeDeadlineSeconds); without a budget, "
                                   "the cheapest plan predicted to finish within it.")
     max_retries: Annotated[int, Field(ge=0, le=100)] = Field(
@@ -121,8 +143,10 @@ class ResourcesSpec(CamelModel):
 class CheckpointSpec(CamelModel):
     """Where checkpoints and the trained adapter or model go; a retried run resumes from the newest."""
 
-    storage: str | None = Field(default=None, description='Checkpoint storage: "s3://...", "pvc://...", "/path".')
-    every_steps: PositiveInt | None = Field(default=None, description="Checkpoint period in optimizer steps.")
+    storage: Printable | None = Field(default=None, max_length=1024,
+                                description='Checkpoint storage: "pvc://claim/path" on a cluster, a path locally.')
+    every_steps: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(
+        default=None, description="Checkpoint period in optimizer steps.")
     credentials_secret: str | None = Field(
         default=None, max_length=253, description="Secret (same namespace) whose keys become the workers' "
                                                   "environment, for object-store storage (e.g. AWS_ACCESS_KEY_ID).")
@@ -131,9 +155,11 @@ class CheckpointSpec(CamelModel):
 class EvaluationSpec(CamelModel):
     """Validation during training (needs dataset.validation)."""
 
-    every_steps: PositiveInt | None = Field(default=None, description="Validation period (always at start and end).")
+    every_steps: Annotated[int, Field(gt=0, le=10_000_000)] | None = Field(
+        default=None, description="Validation period (always at start and end).")
     exact_match: bool = Field(default=False, description="Also score greedy answers against the references.")
-    max_new_tokens: PositiveInt = Field(default=16, description="Answer length limit for exact match.")
+    max_new_tokens: Annotated[int, Field(gt=0, le=4096)] = Field(default=16, description="Answer length limit for "
+                                                                                         "exact match.")
 
 
 class FineTuneJobSpec(CamelModel):

@@ -33,6 +33,7 @@ from tunewright_api.states import TERMINAL, transition
 from tunewright_operator.jobconfig import runtime_config
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
+from tunewright_operator.planner.jobs import check_fits_model
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,12 @@ class LocalBackend:
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
         settings = self.settings
         if settings.local_gpus == 0:
+            try:  # the sizes that follow from the model, when the model can be profiled here
+                check_fits_model(spec, profile_for(spec.model.source, param="model.source"))
+            except ApiError:
+                pass  # not profiled here (e.g. a hub model): the runtime checks it when it loads it
+            except ValueError as err:
+                raise ApiError(422, str(err), str(err).partition(":")[0], "invalid_value") from None
             return cpu_plan(spec, max(1, min(settings.local_workers, os.cpu_count() or 1)))
         # this machine's GPUs as a one-node pool, planned like any other
         gpu_type = settings.local_gpu_type or next(filter(None, map(gpu_from_product_name, gpus_found())), None)

@@ -64,8 +64,10 @@ class FineTuningJobCreate(BaseModel):
     method: Method | None = None
     suffix: str | None = Field(default=None, max_length=64)
     seed: int | None = None
-    metadata: dict[str, str] | None = None
-    integrations: list[Any] | None = None
+    # OpenAI's own limits: 16 pairs, keys up to 64 characters, values up to 512
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                        Field(max_length=16)] | None = None
+    integrations: list[Any] | None = Field(default=None, max_length=16)
     # tunewright's extra fields
     method_type: MethodType = "lora"
     lora: LoraOptions | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tunewright_api.errors import ApiError
@@ -49,5 +50,7 @@ def plan_on(*, spec: FineTuneJobSpec, profile: ModelProfile, pool: Pool, dataset
         return plan_job(spec, pool, cal, profile, dataset_tokens)
     except NoPlan as err:
         raise ApiError(422, str(err), where("resources"), "no_plan") from None
-    except ValueError as err:
-        raise ApiError(422, str(err), where("hyperparameters"), "invalid_value") from None
+    except ValueError as err:  # "<field>: why" names the spec's field; else it is about the hyperparameters
+        field, _, _ = str(err).partition(":")
+        named = field if re.fullmatch(r"[A-Za-z]+(\.[A-Za-z]+)*", field) else "hyperparameters"
+        raise ApiError(422, str(err), where(named), "invalid_value") from None

@@ -11,7 +11,19 @@ from tunewright_operator.planner.search import plan
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 
+def check_fits_model(spec: FineTuneJobSpec, profile: ModelProfile) -> None:
+    """Sizes that follow from the model: ValueError naming the field when the spec asks for more."""
+    hp = spec.hyperparameters
+    if profile.max_positions and hp.seq_len > profile.max_positions:
+        raise ValueError(f"hyperparameters.seqLen: {hp.seq_len} is more than the {profile.max_positions} positions "
+                         f"{profile.name} has (learned position embeddings)")
+    if spec.method.type == "lora" and spec.method.lora.r > profile.hidden:
+        raise ValueError(f"method.lora.r: a rank of {spec.method.lora.r} is more than {profile.name}'s hidden size "
+                         f"({profile.hidden}): the adapters would be larger than the weights they adapt")
+
+
 def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int | None) -> Workload:
+    check_fits_model(spec, profile)
     hp = spec.hyperparameters
     batch = hp.sequences_per_step
     if hp.max_steps is not None:

@@ -128,7 +128,10 @@ CATALOG: dict[str, ModelProfile] = {p.name: p for p in [
 
 
 def lookup(source: str) -> ModelProfile | None:
-    """The catalog entry for a model source (`hf://org/name`, `org/name`, or a bare GPT-2 size)."""
+    """The catalog entry for a model source (`hf://org/name`, `org/name`, or a bare GPT-2 size); none for a
+    path or a volume, whatever its last part says: its own config.json says what it is."""
+    if source.startswith(("/", ".", "~")) or ("://" in source and not source.startswith("hf://")):
+        return None
     key = source.removeprefix("hf://").rstrip("/")
     if key in CATALOG:
         return CATALOG[key]

@@ -1,0 +1,56 @@
+"""Absurd specs are refused at submit, naming the field (issue 15, item 11): bounds in the spec (and so in
+the CRD), sizes that follow from the model (positions, hidden size), no control characters in paths, and
+OpenAI's own metadata limits on its route."""
+
+import pytest
+
+from tests.api.conftest import TRAIN, Server, tiny_spec, upload
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    with Server(tmp_path_factory.mktemp("bounds"), local_ray=False) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def alice(api):
+    return api.tenant("alice")
+
+
+@pytest.fixture(scope="module")
+def train(alice):
+    return upload(alice, TRAIN).json()["id"]
+
+
+@pytest.mark.parametrize(("section", "patch", "field"), [
+    ("hyperparameters", {"epochs": 10**30}, "hyperparameters.epochs"),
+    ("hyperparameters", {"maxSteps": 10**30}, "hyperparameters.maxSteps"),
+    ("hyperparameters", {"seqLen": 10**12}, "hyperparameters.seqLen"),
+    ("hyperparameters", {"globalBatchSize": 10**12}, "hyperparameters.globalBatchSize"),
+    ("hyperparameters", {"learningRate": 1e308}, "hyperparameters.learningRate"),
+    ("hyperparameters", {"seqLen": 1024}, "hyperparameters.seqLen"),  # the tiny GPT-2 has 512 positions
+    ("method", {"type": "lora", "lora": {"r": 10**9}}, "method.lora.r"),
+    ("method", {"type": "lora", "lora": {"r": 128}}, "method.lora.r"),  # its hidden size is 64
+    ("method", {"type": "lora", "lora": {"targetModules": ["q_proj\nrm -rf"]}}, "method.lora.targetModules.0"),
+    ("evaluation", {"maxNewTokens": 10**9}, "evaluation.maxNewTokens"),
+    ("model", {"source": "models/\x00tiny"}, "model.source"),
+    ("model", {"source": "m" * 5000}, "model.source"),
+])
+def test_an_absurd_spec_is_refused_naming_the_field(alice, train, tiny_models, section, patch, field):
+    spec = tiny_spec(tiny_models["gpt2"], train)
+    spec[section] = {**spec.get(section, {}), **patch}
+    response = alice.post("/v1/jobs", json=spec)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == field, response.json()["error"]
+
+
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({f"k{i}": "v" for i in range(17)}, "metadata"),
+    ({"k" * 65: "v"}, "metadata"),
+    ({"k": "v" * 513}, "metadata"),
+])
+def test_openai_metadata_keeps_openais_limits(alice, train, tiny_models, metadata, field):
+    response = alice.post("/v1/fine_tuning/jobs", json={"model": str(tiny_models["gpt2"]), "training_file": train,
+                                                         "metadata": metadata})
+    assert response.status_code in (400, 422) and response.json()["error"]["param"].startswith(field), response.text
