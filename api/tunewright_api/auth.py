@@ -38,14 +38,28 @@ def tenant_named(session: Session, name: str) -> Tenant:
 
 
 def issue_token(session: Session, tenant_name: str, name: str = "", admin: bool = False,
-                token: str | None = None) -> tuple[Tenant, str]:
+                token: str | None = None) -> tuple[Tenant, ApiToken, str]:
     """Create the tenant if needed and a token for it; returns the secret (shown once)."""
     tenant = tenant_named(session, tenant_name)
     token = token or new_token()
-    if session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first() is None:
-        session.add(ApiToken(tenant_id=tenant.id, name=name, token_hash=hash_token(token), admin=admin))
+    row = session.exec(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
+    if row is None:
+        row = ApiToken(tenant_id=tenant.id, name=name, token_hash=hash_token(token), admin=admin)
+        session.add(row)
     session.commit()
-    return tenant, token
+    return tenant, row, token
+
+
+BOOTSTRAP = "bootstrap"
+
+
+def bootstrap_admin(session: Session, token: str) -> None:
+    """The admin token the settings give, and no earlier one: a restart with a new token retires the old."""
+    _, current, _ = issue_token(session, "admin", BOOTSTRAP, admin=True, token=token)
+    for old in session.exec(select(ApiToken).where(ApiToken.name == BOOTSTRAP, ApiToken.admin,
+                                                   ApiToken.id != current.id)).all():
+        session.delete(old)
+    session.commit()
 
 
 def get_session(request: Request):

@@ -2,6 +2,7 @@
 
   tunewright serve                              run the API (SQLite and the local backend by default)
   tunewright tokens create TENANT [--admin]     a token for a tenant (needs an admin token)
+  tunewright tokens list [TENANT] | revoke ID   tokens (never their secrets); revoke one
   tunewright submit job.yaml | --model M --train FILE ...   upload local data files, submit, print the job
   tunewright plan job.yaml --pool NAME           dry run on a GPU pool: plan, predictions, rejected options
   tunewright jobs | get ID | cancel ID | events ID | metrics ID
@@ -163,10 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("serve", help="run the API")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p = sub.add_parser("tokens", help="tokens (create)")
-    p.add_argument("action", choices=["create"])
-    p.add_argument("tenant")
-    p.add_argument("--admin", action="store_true")
+    p = sub.add_parser("tokens", help="API tokens (needs an admin token): create, list or revoke")
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("name", nargs="?", help="create: the tenant; list: only this tenant's; revoke: the token id")
+    p.add_argument("--admin", action="store_true", help="create: an admin token")
     p = sub.add_parser("submit", help="submit a job (spec file or flags)")
     p.add_argument("spec", nargs="?", help="FineTuneJob spec or manifest (YAML or JSON)")
     p.add_argument("--model")
@@ -194,8 +195,18 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     client = Client(args.url, args.token)
     try:
-        if args.command == "tokens":
-            result = client.request("POST", "/v1/tokens", json={"tenant": args.tenant, "admin": args.admin})
+        if args.command == "tokens" and args.action == "list":
+            query = f"?tenant={args.name}" if args.name else ""
+            for token in client.request("GET", f"/v1/tokens{query}")["data"]:
+                print(f"{token['id']}  {token['tenant']:20}  {'admin' if token['admin'] else '-':5}  "
+                      f"{token['created_at']}  {token['name']}")
+            return 0
+        elif args.command == "tokens" and not args.name:
+            parser.error(f"tokens {args.action}: needs {'the tenant' if args.action == 'create' else 'the token id'}")
+        elif args.command == "tokens" and args.action == "revoke":
+            result = client.request("DELETE", f"/v1/tokens/{args.name}")
+        elif args.command == "tokens":
+            result = client.request("POST", "/v1/tokens", json={"tenant": args.name, "admin": args.admin})
         elif args.command == "submit":
             result = client.submit(spec_from_args(args))
             if args.watch:

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from sqlmodel import Session
 
 from tunewright_api import errors
-from tunewright_api.auth import issue_token
+from tunewright_api.auth import bootstrap_admin
 from tunewright_api.backends import make_backend
 from tunewright_api.db import make_engine, migrate
 from tunewright_api.limits import RequestLimits
@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(engine)
         if settings.admin_token:
             with Session(engine) as session:
-                issue_token(session, "admin", "bootstrap", admin=True, token=settings.admin_token)
+                bootstrap_admin(session, settings.admin_token)
         backend = make_backend(settings, engine)
         app.state.settings, app.state.engine, app.state.backend = settings, engine, backend
         backend.start()

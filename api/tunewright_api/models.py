@@ -49,8 +49,12 @@ class TokenCreate(BaseModel):
 
 class TokenPublic(SQLModel):
     id: str
+    object: str = "token"
     tenant: str
-    token: str  # shown once
+    name: str = ""
+    admin: bool = False
+    created_at: datetime
+    token: str | None = None  # the secret: shown once, when created
 
 
 # --- files -------------------------------------------------------------------------------------------

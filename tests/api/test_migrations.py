@@ -60,7 +60,7 @@ def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
     engine = make_engine(url_for(database_url, tmp_path))
     migrate(engine, "0003")
     with Session(engine) as session:
-        tenant, _ = issue_token(session, "old")
+        tenant, _, _ = issue_token(session, "old")
         tenant_id = tenant.id
     insert = text("INSERT INTO job (id, tenant_id, status, model, spec, plan, config, created_at, step, "
                   "trained_tokens, telemetry_token_hash, run_dir) VALUES (:id, :tenant, 'succeeded', 'm', '{}', "
