@@ -10,10 +10,15 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import create_engine
 
+# Every request handler runs in one of anyio's 40 worker threads and may hold a connection for its
+# duration; the backend's loop holds one more. A pool smaller than that makes a burst of requests wait for
+# connections (and time out) while the machine idles.
+POOL = {"pool_size": 20, "max_overflow": 30, "pool_timeout": 10}
+
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False})
+        engine = create_engine(url, connect_args={"check_same_thread": False}, **POOL)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(connection, _record):  # concurrent readers while the backend writes
@@ -23,7 +28,7 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, **POOL)
 
 
 MIGRATIONS = Path(__file__).with_name("migrations")

@@ -7,12 +7,13 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
          404: "not_found_error", 409: "conflict_error", 410: "invalid_request_error", 413: "invalid_request_error",
-         422: "invalid_request_error"}
+         422: "invalid_request_error", 503: "server_busy_error"}
 
 
 class ApiError(Exception):
@@ -43,6 +44,13 @@ def install(app: FastAPI) -> None:
         param = ".".join(loc) or None
         messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", e["msg"]) for e in exc.errors()]
         return envelope(422, "; ".join(messages), param, "invalid_value")
+
+    @app.exception_handler(SQLAlchemyTimeoutError)
+    async def _busy(_: Request, exc: SQLAlchemyTimeoutError):
+        log.warning("no database connection free: %s", exc)
+        response = envelope(503, "the server is busy (no database connection free): retry shortly", None, "busy")
+        response.headers["Retry-After"] = "2"
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -46,8 +47,8 @@ class RequestLimits:
         if length.isdigit() and int(length) > limit:
             await envelope(413, f"request body over {limit} bytes", None, "too_large")(scope, receive, send)
             return
-        if not path.startswith(PUBLIC):
-            refusal = self.refusal(scope, path, headers.get("authorization"))
+        if not path.startswith(PUBLIC):  # a database lookup: off the event loop
+            refusal = await run_in_threadpool(self.refusal, scope, path, headers.get("authorization"))
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return

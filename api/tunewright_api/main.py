@@ -19,6 +19,16 @@ from tunewright_api.settings import Settings, get_settings
 log = logging.getLogger(__name__)
 
 
+class WithoutQueryStrings(logging.Filter):
+    """uvicorn's access log without query strings: a token someone put in a URL (refused) is not kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) == 5 and "?" in str(record.args[2]):
+            client, method, path, version, status = record.args
+            record.args = (client, method, str(path).split("?", 1)[0] + "?…", version, status)
+        return True
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -40,6 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan,
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
     errors.install(app)
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, WithoutQueryStrings) for f in access.filters):
+        access.addFilter(WithoutQueryStrings())
     app.add_middleware(RequestLimits, max_upload_bytes=settings.max_upload_bytes)
     for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
                    telemetry.router):
