@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from alembic import command
@@ -17,6 +18,11 @@ POOL = {"pool_size": 20, "max_overflow": 30, "pool_timeout": 10}
 
 
 def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # owner-only: tokens' hashes and every tenant's jobs (SQLite gives its WAL files the same mode)
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False}, **POOL)
 

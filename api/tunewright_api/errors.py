@@ -40,6 +40,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError):
         first = exc.errors()[0]
+        if first.get("type") == "json_invalid":  # its loc is a character position, not a field
+            return envelope(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'malformed')} "
+                                 f"(character {first['loc'][-1]})", None, "invalid_json")
         loc = [str(p) for p in first["loc"] if p not in ("body", "query", "path", "header")]
         param = ".".join(loc) or None
         messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", e["msg"]) for e in exc.errors()]

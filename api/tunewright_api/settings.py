@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     local_ray: bool = True  # run jobs on Ray (False: one plain process per worker under torchrun, e.g. for tests)
     ray_address: str | None = None  # the Ray cluster jobs run on; default: each job starts a Ray of its own
     max_upload_bytes: int = 512 * 2**20
+    # local paths a model may be read from (its config.json by the API, its weights by local jobs); unset:
+    # any path but the system's own folders; [] (the chart's setting): none, only hub names and volumes
+    model_roots: list[Path] | None = None
     kubernetes_namespace_prefix: str = "tw-"  # kubernetes backend: tenant t's jobs live in namespace <prefix>t
     kubernetes_sync_seconds: float = 2.0  # kubernetes backend: how often FineTuneJobs are read back
     kubernetes_checkpoint_storage: str | None = None  # kubernetes backend: for jobs naming none (pvc://claim/path)

@@ -54,3 +54,31 @@ def test_openai_metadata_keeps_openais_limits(alice, train, tiny_models, metadat
     response = alice.post("/v1/fine_tuning/jobs", json={"model": str(tiny_models["gpt2"]), "training_file": train,
                                                          "metadata": metadata})
     assert response.status_code in (400, 422) and response.json()["error"]["param"].startswith(field), response.text
+
+
+@pytest.mark.parametrize("source", ["/etc", "/proc/self/environ", "../../etc", "/etc/../proc/1", "file:///etc"])
+def test_a_model_path_in_the_systems_folders_is_never_read(alice, train, tiny_models, source):
+    spec = tiny_spec(tiny_models["gpt2"], train)
+    spec["model"]["source"] = source
+    response = alice.post("/v1/jobs", json=spec)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "model.source", response.text
+    plan = alice.post("/v1/plans", json={"spec": spec, "pool": "x"})
+    assert plan.status_code == 422
+
+
+def test_with_model_roots_only_paths_under_them_are_read(tmp_path, tiny_models):
+    with Server(tmp_path / "roots", local_ray=False, model_roots=[tiny_models["llama"].parent]) as api:
+        alice = api.tenant("alice")
+        train = upload(alice, TRAIN).json()["id"]
+        inside = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train))
+        assert inside.status_code == 201, inside.text
+        outside = tmp_path / "elsewhere"
+        outside.mkdir()
+        refused = alice.post("/v1/jobs", json=tiny_spec(outside, train))
+        assert refused.status_code == 422 and refused.json()["error"]["code"] == "model_path_not_allowed"
+        assert str(tiny_models["llama"].parent.resolve()) in refused.json()["error"]["message"]
+        alice.post(f"/v1/jobs/{inside.json()['id']}/cancel")
+    with Server(tmp_path / "none", local_ray=False, model_roots=[]) as api:
+        alice = api.tenant("alice")
+        refused = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], upload(alice, TRAIN).json()["id"]))
+        assert refused.status_code == 422 and "set TUNEWRIGHT_MODEL_ROOTS" in refused.json()["error"]["message"]

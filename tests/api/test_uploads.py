@@ -56,3 +56,12 @@ def test_the_validators_memory_does_not_grow_with_the_file(tmp_path):
     result, peak_kib = json.loads(done.stdout)
     assert result["format"] == "chat" and result["examples"] > 10_000
     assert peak_kib < 100 * 1024, f"the validator peaked at {peak_kib / 1024:.0f} MiB on a 48 MB file"
+
+
+def test_the_sqlite_database_is_the_owners_only(tmp_path):
+    from tests.api.conftest import Server
+
+    with Server(tmp_path / "data", local_ray=False) as api:
+        api.tenant("alice")
+        modes = {db.name: db.stat().st_mode & 0o777 for db in (tmp_path / "data").glob("tunewright.db*")}
+    assert "tunewright.db" in modes and all(mode & 0o077 == 0 for mode in modes.values()), modes

@@ -101,11 +101,14 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
         env = environment(api_pod["containers"][0], admin)
         assert api_pod["containers"][0]["command"][:2] == ["tunewright", "serve"] and env["TUNEWRIGHT_BACKEND"] == (
             "kubernetes")
-        settings = {k.removeprefix("TUNEWRIGHT_").lower(): v for k, v in env.items() if k.startswith("TUNEWRIGHT_")}
-        assert set(settings) <= set(Settings.model_fields), "the chart sets a TUNEWRIGHT_ variable the API ignores"
+        names = {k.removeprefix("TUNEWRIGHT_").lower() for k in env if k.startswith("TUNEWRIGHT_")}
+        assert names <= set(Settings.model_fields), "the chart sets a TUNEWRIGHT_ variable the API ignores"
+        for name, value in env.items():  # read as the API reads them: from its environment
+            if name.startswith("TUNEWRIGHT_"):  # (TMPDIR names the pod's volume: not this machine's)
+                monkeypatch.setenv(name, value)
         port = free_port()
-        settings.pop("data_dir")
-        settings.update(database_url=None, public_url=f"http://127.0.0.1:{port}", kubernetes_sync_seconds=0.3)
+        settings = {"admin_token": env["TUNEWRIGHT_ADMIN_TOKEN"], "database_url": None,
+                    "public_url": f"http://127.0.0.1:{port}", "kubernetes_sync_seconds": 0.3}
         monkeypatch.setenv("KUBECONFIG", str(service_account_kubeconfig(
             server, tmp_path / "api-kubeconfig", NAMESPACE, api_pod["serviceAccountName"])))
         with Server(tmp_path / "api", port=port, **settings) as api:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tunewright_api.auth import CurrentTenant, SessionDep
-from tunewright_api.deps import BackendDep
+from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, ListEnvelope
 from tunewright_api.services import jobs
@@ -144,11 +144,12 @@ def openai_job(job: Job) -> dict:
 
 
 @router.post("")
-def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> dict:
+def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, settings: SettingsDep,
+           tenant: CurrentTenant) -> dict:
     train = jobs.dataset_file(session=session, tenant=tenant, value=body.training_file, param="training_file")
     job = jobs.submit(session=session, backend=backend, tenant=tenant, spec=to_spec(body, train.format),
                       train_param="training_file", validation_param="validation_file", suffix=body.suffix,
-                      metadata=body.metadata)
+                      metadata=body.metadata, model_roots=settings.model_roots, model_param="model")
     return openai_job(job)
 
 

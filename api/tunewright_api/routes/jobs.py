@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from tunewright_api.auth import CurrentTenant, SessionDep
-from tunewright_api.deps import BackendDep
+from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.models import JobPublic, ListEnvelope
 from tunewright_api.services import jobs
 from tunewright_operator.spec import FineTuneJobSpec
@@ -14,8 +14,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=201)
-def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> JobPublic:
-    return JobPublic.of(jobs.submit(session=session, backend=backend, tenant=tenant, spec=spec))
+def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, settings: SettingsDep,
+               tenant: CurrentTenant) -> JobPublic:
+    return JobPublic.of(jobs.submit(session=session, backend=backend, tenant=tenant, spec=spec,
+                                    model_roots=settings.model_roots))
 
 
 @router.get("")

@@ -9,10 +9,10 @@ from pydantic import BaseModel, Field
 from sqlmodel import select
 
 from tunewright_api.auth import AdminToken, CurrentTenant, SessionDep
-from tunewright_api.deps import BackendDep
+from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, ListEnvelope
-from tunewright_api.services.plans import plan_on, pool_of, profile_for
+from tunewright_api.services.plans import check_model_source, plan_on, pool_of, profile_for
 from tunewright_operator.planner.hardware import GPUS, LINKS
 from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
 
@@ -67,7 +67,8 @@ class PlanResponse(BaseModel):
 
 
 @router.post("/plans")
-def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, _: CurrentTenant) -> PlanResponse:
+def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, settings: SettingsDep,
+              _: CurrentTenant) -> PlanResponse:
     """Dry run: the plan, its predictions, and the alternatives rejected with their reasons."""
     described = session.get(GpuPool, body.pool)
     pool = pool_of(described) if described else backend.pool(body.pool)
@@ -76,6 +77,7 @@ def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, _: Cu
         hint = (" (that pool is this machine's: its jobs are planned when submitted, and the planner models GPU "
                 "pools described with POST /v1/pools)" if body.pool in own else "")
         raise ApiError(422, f"no GPU pool {body.pool}{hint}", "pool", "unknown_pool")
+    check_model_source(body.spec.model.source, settings.model_roots, param="spec.model.source")
     profile = profile_for(body.spec.model.source, param="spec.model.source")
     chosen = plan_on(spec=body.spec, profile=profile, pool=pool, dataset_tokens=body.dataset_tokens,
                      spec_param="spec")

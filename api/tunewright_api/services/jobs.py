@@ -6,6 +6,7 @@ Both job surfaces (native and OpenAI-compatible) call these; each function owns 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from sqlmodel import Session, select
 
@@ -23,6 +24,7 @@ from tunewright_api.models import (
     add_event,
 )
 from tunewright_api.services.files import owned_file
+from tunewright_api.services.plans import check_model_source
 from tunewright_api.states import TERMINAL
 from tunewright_operator.spec import FineTuneJobSpec
 
@@ -52,11 +54,13 @@ def dataset_file(*, session: Session, tenant: Tenant, value: str | None, param: 
 
 def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTuneJobSpec,
            train_param: str = "dataset.train", validation_param: str = "dataset.validation",
-           suffix: str | None = None, metadata: dict[str, str] | None = None) -> Job:
+           suffix: str | None = None, metadata: dict[str, str] | None = None,
+           model_roots: list[Path] | None = None, model_param: str = "model.source") -> Job:
     """Check the spec against the tenant's files, plan it on the backend, and queue it."""
     if spec.suspend:
         raise ApiError(422, "this backend cannot hold a suspended job; submit it when it should run",
                        "suspend", "unsupported")
+    check_model_source(spec.model.source, model_roots, param=model_param)
     train = dataset_file(session=session, tenant=tenant, value=spec.dataset.train, param=train_param)
     validation = dataset_file(session=session, tenant=tenant, value=spec.dataset.validation, param=validation_param)
     if train.format != spec.dataset.format:

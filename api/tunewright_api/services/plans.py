@@ -15,6 +15,31 @@ from tunewright_operator.planner.models import ModelProfile, from_hf_config, loo
 from tunewright_operator.planner.search import NoPlan
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
+SYSTEM_FOLDERS = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/root", "/run", "/var/run", "/boot"))
+
+
+def check_model_source(source: str, roots: list[Path] | None, *, param: str) -> None:
+    """A local path is read by this server: only under the allowed roots (never the system's folders), so a
+    spec cannot make it read, or reveal the existence of, files elsewhere."""
+    if source.startswith("pvc://"):
+        return  # a volume: the workers read it, this server does not
+    named = source.removeprefix("hf://")
+    if not named.startswith(("/", ".", "~")) and "://" not in named and not Path(named).exists():
+        return  # a hub name (org/name): nothing here is read
+    if "://" in source:
+        raise ApiError(422, f"{source!r}: a model is a hub name (org/name, hf://org/name), a volume "
+                            "(pvc://claim/path) or a local path", param, "invalid_value")
+    path = Path(named).expanduser().resolve()
+    allowed = [Path(r).resolve() for r in roots] if roots is not None else None
+    if allowed is None:
+        refused = any(path == folder or folder in path.parents for folder in SYSTEM_FOLDERS)
+    else:
+        refused = not any(path == root or root in path.parents for root in allowed)
+    if refused:
+        where = ", ".join(map(str, allowed)) if allowed else "no local path (set TUNEWRIGHT_MODEL_ROOTS)"
+        raise ApiError(422, f"{source!r} is not where this server reads models from (allowed: {where})", param,
+                       "model_path_not_allowed")
+
 
 def profile_for(source: str, *, param: str) -> ModelProfile:
     """The catalog's profile of a model, or one read from its config.json."""
