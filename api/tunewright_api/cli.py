@@ -54,12 +54,15 @@ class Client:
             return self.request("POST", "/v1/files", files={"file": (path.name, fh)}, data={"purpose": "fine-tune"})
 
     def submit(self, spec: dict) -> dict:
-        """Upload dataset entries that are local files, then submit the spec."""
+        """Upload dataset entries that are local files, make a local model path absolute, then submit."""
         spec = json.loads(json.dumps(spec))
         for key in ("train", "validation"):
             value = spec.get("dataset", {}).get(key)
             if value and not value.startswith("file-") and Path(value).is_file():
                 spec["dataset"][key] = self.upload(Path(value))["id"]
+        source = spec.get("model", {}).get("source", "")
+        if source and not Path(source).is_absolute() and Path(source).is_dir():  # the server wants it absolute
+            spec["model"]["source"] = str(Path(source).resolve())
         return self.request("POST", "/v1/jobs", json=spec)
 
 

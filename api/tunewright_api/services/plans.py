@@ -29,6 +29,8 @@ def check_model_source(source: str, roots: list[Path] | None, *, param: str) -> 
     if "://" in source:
         raise ApiError(422, f"{source!r}: a model is a hub name (org/name, hf://org/name), a volume "
                             "(pvc://claim/path) or a local path", param, "invalid_value")
+    if not Path(named).expanduser().is_absolute():  # relative to where the server happens to run: refused
+        raise ApiError(422, f"{source!r}: a local model path must be absolute", param, "invalid_value")
     path = Path(named).expanduser().resolve()
     allowed = [Path(r).resolve() for r in roots] if roots is not None else None
     if allowed is None:
