@@ -47,6 +47,7 @@ def test_a_diverged_loss_is_accepted_as_unknown():
     assert step.loss is None and step.grad_norm is None and step.tokens == STEP.tokens
 
 
+@pytest.mark.slow  # trains a tiny run (10-20 s here)
 def test_a_real_run_s_records_are_all_accepted(tiny_models, tmp_path):
     cfg = make_config(tiny_models["gpt2"], tmp_path, hyperparameters={"max_steps": 4},
                       checkpoint={"every_steps": 2}, eval={"exact_match": True, "max_batches": 1})
