@@ -70,6 +70,12 @@ def get_session(request: Request):
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
+def bearer_token(authorization: str | None) -> str:
+    """What a `Bearer` header carries, or "" (then no token matches): for the workers' routes, whose token
+    is checked against the job's own."""
+    return (authorization or "").removeprefix("Bearer ").strip()
+
+
 def _bearer(authorization: str | None) -> str:
     scheme, _, token = (authorization or "").strip().partition(" ")
     if scheme.lower() != "bearer" or not token.strip():

@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tunewright_api.auth import token_of
+from tunewright_api.auth import bearer_token, token_of
 from tunewright_api.errors import ApiError, envelope
 from tunewright_api.services import telemetry
 
@@ -69,9 +69,8 @@ class RequestLimits:
         with Session(scope["app"].state.engine) as session:
             try:
                 if worker := WORKER_ROUTE.match(path):
-                    token = (authorization or "").removeprefix("Bearer ").strip()
-                    telemetry.authenticated_job(session=session, job_id=worker["job_id"], token=token,
-                                                finished_ok=True)
+                    telemetry.authenticated_job(session=session, job_id=worker["job_id"],
+                                                token=bearer_token(authorization), finished_ok=True)
                 else:
                     token_of(session, authorization)
             except HTTPException as err:

@@ -172,12 +172,16 @@ def crds() -> dict[str, dict]:
 
 
 def as_json_schema(node):
-    """A structural OpenAPI schema as the JSON Schema (draft 7) Helm checks values with: unknown keys refused."""
+    """A structural OpenAPI v3.0 schema as JSON Schema (draft 7), with unknown keys refused where the API
+    server would prune them: what Helm checks values with, and what the tests check manifests with."""
     if isinstance(node, list):
         return [as_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
     out = {k: as_json_schema(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
     if node.get("nullable") and "type" in out:
         out["type"] = [out["type"], "null"]
     for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
@@ -185,7 +189,8 @@ def as_json_schema(node):
             out[exclusive] = out.pop(bound)
         elif out.get(exclusive) is False:
             del out[exclusive]
-    if "properties" in out and "additionalProperties" not in out:
+    if "properties" in out and "additionalProperties" not in out and not node.get(
+            "x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     return out
 

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from tunewright_operator import manifests
 from tunewright_operator.planner import calibration
-from tunewright_operator.planner.jobs import plan_job
+from tunewright_operator.planner.jobs import dataset_tokens_of, plan_job
 from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_operator.planner.search import NoPlan
 from tunewright_operator.pools import planner_pool
@@ -48,7 +48,6 @@ DATASET_BYTES_ANNOTATION = "tunewright.dev/dataset-bytes"  # the training file's
 TOKEN_HASH_ANNOTATION = "tunewright.dev/telemetry-token-sha256"
 MODEL_SHAPE_ANNOTATION = "tunewright.dev/model-shape"  # config.json's shape keys, for a model not in the catalog
 MAX_SHAPE_CHARACTERS = 16384
-JSONL_BYTES_PER_TOKEN = 4
 
 
 class Cluster(Protocol):
@@ -266,7 +265,7 @@ def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: 
     profile = model_profile(spec.model.source, job["metadata"].get("annotations") or {})
     described = planner_pool(pool_name, pool)
     dataset_bytes = job["metadata"].get("annotations", {}).get(DATASET_BYTES_ANNOTATION)
-    tokens = int(dataset_bytes) // JSONL_BYTES_PER_TOKEN if dataset_bytes and dataset_bytes.isdigit() else None
+    tokens = dataset_tokens_of(int(dataset_bytes)) if dataset_bytes and dataset_bytes.isdigit() else None
     cal, _ = calibration.load()
     return plan_job(spec, described, cal, profile, tokens)
 

@@ -9,27 +9,9 @@ from __future__ import annotations
 
 import jsonschema
 
+from tunewright_operator.crds import as_json_schema
 
-def to_draft7(node):
-    if isinstance(node, list):
-        return [to_draft7(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: to_draft7(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
-    if node.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
-        if out.get(exclusive) is True:
-            out[exclusive] = out.pop(bound)
-        elif out.get(exclusive) is False:
-            del out[exclusive]
-    if "properties" in out and "additionalProperties" not in out and not node.get(
-            "x-kubernetes-preserve-unknown-fields"):
-        out["additionalProperties"] = False  # what the API server would prune
-    return out
+to_draft7 = as_json_schema  # the one conversion: the chart's values schema is made with it too
 
 
 def errors(schema: dict, obj: dict) -> list[str]:

@@ -9,6 +9,9 @@ the backend: nobody reads a run's files to list them.
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from sqlalchemy.engine import Engine
@@ -18,6 +21,39 @@ from tunewright_api.models import Job, StoredFile
 from tunewright_api.settings import Settings
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+
+log = logging.getLogger(__name__)
+
+
+class Ticker:
+    """A backend's background work: `work` every `seconds` on a daemon thread until stopped (first at once,
+    or after one period); one failing round is logged, and the next one runs all the same."""
+
+    def __init__(self, name: str, work: Callable[[], None], seconds: float, *, at_once: bool):
+        self.name, self.work, self.seconds, self.at_once = name, work, seconds, at_once
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        if self.at_once:
+            self._round()
+        while not self._stop.wait(self.seconds):
+            self._round()
+
+    def _round(self) -> None:
+        try:
+            self.work()
+        except Exception:  # keep going whatever one round met (a job's trouble, an unreachable API server)
+            log.exception("%s: a round failed", self.name)
 
 
 class AlreadyFinished(Exception):

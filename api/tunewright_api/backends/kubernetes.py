@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from tunewright_api.backends import AlreadyFinished
+from tunewright_api.backends import AlreadyFinished, Ticker
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
 from tunewright_api.services.plans import plan_on, profile_for
@@ -42,11 +42,11 @@ from tunewright_operator.manifests import (
     ray_job,
 )
 from tunewright_operator.planner.hardware import Pool
+from tunewright_operator.planner.jobs import dataset_tokens_of
 from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
 from tunewright_operator.pools import planner_pool
 from tunewright_operator.reconcile import (
     DATASET_BYTES_ANNOTATION,
-    JSONL_BYTES_PER_TOKEN,
     MODEL_SHAPE_ANNOTATION,
     TOKEN_HASH_ANNOTATION,
     AlreadyExists,
@@ -132,31 +132,19 @@ class KubernetesBackend:
         self.settings, self.engine = settings, engine
         self.prefix = settings.kubernetes_namespace_prefix
         self.cluster = cluster
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._follower = Ticker("tunewright-kubernetes-backend", self.sync, settings.kubernetes_sync_seconds,
+                                at_once=True)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
         if self.cluster is None:
             load_credentials()
             self.cluster = KubernetesCluster(component="tunewright-api")
-        self._thread = threading.Thread(target=self._loop, name="tunewright-kubernetes-backend", daemon=True)
-        self._thread.start()
+        self._follower.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=10)
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                self.sync()
-            except Exception:  # the API server may be briefly unreachable: try again next time
-                log.exception("following FineTuneJobs failed")
-            if self._stop.wait(self.settings.kubernetes_sync_seconds):
-                return
+        self._follower.stop(timeout=10)
 
     # --- pools and plans -----------------------------------------------------------------------------
     def pools(self) -> list[dict]:
@@ -173,7 +161,7 @@ class KubernetesBackend:
         if pool is None:
             raise ApiError(422, why_not, "resources.pool", "unknown_pool")
         return plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"),
-                       pool=planner_pool(name, pool), dataset_tokens=max(1, train.bytes // JSONL_BYTES_PER_TOKEN),
+                       pool=planner_pool(name, pool), dataset_tokens=dataset_tokens_of(train.bytes),
                        spec_param=None)
 
     # --- the work ------------------------------------------------------------------------------------

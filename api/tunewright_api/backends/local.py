@@ -24,7 +24,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from tunewright_api.backends import AlreadyFinished
+from tunewright_api.backends import AlreadyFinished, Ticker
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
 from tunewright_api.services.plans import plan_on, profile_for
@@ -33,14 +33,13 @@ from tunewright_api.states import TERMINAL, transition
 from tunewright_operator.jobconfig import runtime_config
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
-from tunewright_operator.planner.jobs import check_fits_model
+from tunewright_operator.planner.jobs import check_fits_model, dataset_tokens_of
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
 POOL = "local"
 MAX_CPU_MICRO_BATCH = 8  # sequences per forward pass on a CPU worker: more only costs memory
-JSONL_BYTES_PER_TOKEN = 4  # until the run counts, the dataset's tokens are estimated from its size
 # What a job's processes inherit from the API's environment: what Python, PyTorch, CUDA, NCCL and Hugging
 # Face read, nothing else. The API's own secrets (admin token, database URL) and a Ray address it happens
 # to have stay out: a job runs on the Ray cluster the backend gives it, or on one it starts.
@@ -105,31 +104,20 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
 
 class LocalBackend:
     def __init__(self, settings: Settings, engine: Engine, poll_seconds: float = 0.5):
-        self.settings, self.engine, self.poll_seconds = settings, engine, poll_seconds
+        self.settings, self.engine = settings, engine
         self.jobs_root = (settings.data_dir / "jobs").resolve()
         self._children: dict[str, subprocess.Popen] = {}
-        self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._scheduler = Ticker("tunewright-local-backend", self.tick, poll_seconds, at_once=False)
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
         self.reconcile()
-        self._thread = threading.Thread(target=self._loop, name="tunewright-local-backend", daemon=True)
-        self._thread.start()
+        self._scheduler.start()
 
     def stop(self) -> None:
         """Stop scheduling; running jobs go on (a restarted API re-attaches to them)."""
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.poll_seconds):
-            try:
-                self.tick()
-            except Exception:  # keep scheduling whatever one job did
-                log.exception("local backend tick failed")
+        self._scheduler.stop(timeout=5)
 
     # --- the pool and plans ---------------------------------------------------------------------------
     def pools(self) -> list[dict]:
@@ -163,7 +151,7 @@ class LocalBackend:
         pool = Pool(POOL, calibration.for_gpu(gpu_type), settings.local_gpus, 1, LINKS[settings.local_gpu_link],
                     None, settings.local_price_per_gpu_hour, host_gib)
         chosen = plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"), pool=pool,
-                         dataset_tokens=max(1, train.bytes // JSONL_BYTES_PER_TOKEN), spec_param=None)
+                         dataset_tokens=dataset_tokens_of(train.bytes), spec_param=None)
         return chosen.model_copy(update={
             "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}"})
 

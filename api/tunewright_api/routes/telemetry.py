@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header
 from fastapi.responses import FileResponse
 
-from tunewright_api.auth import SessionDep
+from tunewright_api.auth import SessionDep, bearer_token
 from tunewright_api.services import telemetry
 from tunewright_api.telemetry import (
     MAX_REPORTED_REJECTIONS,
@@ -22,7 +22,7 @@ router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
 def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
            authorization: Annotated[str | None, Header()] = None) -> TelemetryReceipt:
     """Applies the records it accepts; says which it refused and why (the runtime logs them)."""
-    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer(authorization))
+    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization))
     accepted, rejected = parse_records(batch.records)
     telemetry.ingest(session=session, job=job, records=accepted)
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])
@@ -32,7 +32,7 @@ def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
 def dataset(job_id: str, file_id: str, session: SessionDep,
             authorization: Annotated[str | None, Header()] = None) -> FileResponse:
     """A dataset the job names, for its workers on a cluster (never any other file, nor another tenant's)."""
-    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer(authorization))
+    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization))
     stored = telemetry.dataset_of(session=session, job=job, file_id=file_id)
     return FileResponse(stored.path, media_type="application/jsonl", filename=f"{stored.id}.jsonl")
 
@@ -40,10 +40,6 @@ def dataset(job_id: str, file_id: str, session: SessionDep,
 @router.get("/{job_id}/summary")
 def summary(job_id: str, session: SessionDep, authorization: Annotated[str | None, Header()] = None) -> JobSummary:
     """Progress and measured telemetry (what `tunewright get` shows), for the operator's FineTuneJob status."""
-    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer(authorization),
+    job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization),
                                       finished_ok=True)
     return JobSummary(status=job.status, progress=job.progress(), telemetry=job.telemetry(job.job_plan))
-
-
-def bearer(authorization: str | None) -> str:
-    return (authorization or "").removeprefix("Bearer ").strip()

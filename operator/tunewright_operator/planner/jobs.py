@@ -10,6 +10,13 @@ from tunewright_operator.planner.models import ModelProfile
 from tunewright_operator.planner.search import plan
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
+JSONL_BYTES_PER_TOKEN = 4
+
+
+def dataset_tokens_of(jsonl_bytes: int) -> int:
+    """Tokens in a JSONL dataset, estimated from its size until a run counts them."""
+    return max(1, jsonl_bytes // JSONL_BYTES_PER_TOKEN)
+
 
 def check_fits_model(spec: FineTuneJobSpec, profile: ModelProfile) -> None:
     """Sizes that follow from the model: ValueError naming the field when the spec asks for more."""
