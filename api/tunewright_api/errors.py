@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -55,7 +56,33 @@ def install(app: FastAPI) -> None:
         response.headers["Retry-After"] = "2"
         return response
 
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        log.exception("unhandled error")
-        return envelope(500, f"internal error ({type(exc).__name__}); the server log has the details")
+    app.add_middleware(UnexpectedErrors)  # the outermost of ours: it also sees the other middlewares' errors
+
+
+class UnexpectedErrors:
+    """A bug's 500 in the envelope, on a connection that stays open.
+
+    Starlette's own catch-all answers and then re-raises, and uvicorn closes a connection whose app raised:
+    every client of a keep-alive pool would pay a reconnect for one bad request."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:  # half an answer went out: only closing the connection tells the client
+                raise
+            log.exception("unhandled error")
+            response = envelope(500, f"internal error ({type(exc).__name__}); the server log has the details")
+            await response(scope, receive, send)

@@ -49,11 +49,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan,
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
-    errors.install(app)
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, WithoutQueryStrings) for f in access.filters):
         access.addFilter(WithoutQueryStrings())
     app.add_middleware(RequestLimits, max_upload_bytes=settings.max_upload_bytes)
+    errors.install(app)
     for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
                    telemetry.router):
         app.include_router(router)

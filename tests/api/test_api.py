@@ -1,5 +1,6 @@
 """The REST API against a real server: auth, envelopes, files, the job lifecycle, isolation, restarts."""
 
+import http.client
 import json
 import os
 import re
@@ -126,8 +127,8 @@ def test_tenants_never_see_each_other(backend_server, tiny_models):
     covered = 0
     # every route that takes an id, as the OpenAPI schema lists them: a new route is covered by construction
     for template, operations in bob.get("/openapi.json").json()["paths"].items():
-        if not re.search(r"{\w+}", template) or template.startswith("/v1/internal"):
-            continue
+        if not re.search(r"{\w+}", template) or template.startswith(("/v1/internal", "/v1/pools")):
+            continue  # the workers' routes take the job's token; pools are shared by every tenant
         for method in operations:
             response = bob.request(method.upper(), template.format(**ids))
             if template.startswith("/v1/tokens"):  # an administrator's route: refused before any lookup
@@ -185,6 +186,20 @@ def test_bare_500s_are_enveloped(server, monkeypatch):
     response = upload(server.client(), TRAIN)
     assert response.status_code == 500
     assert response.json()["error"]["message"].startswith("internal error (RuntimeError)")
+
+
+def test_a_500_keeps_the_connection_open(server, monkeypatch):
+    from tunewright_api.services import jobs
+
+    monkeypatch.setattr(jobs, "page_of_jobs", lambda **_: (_ for _ in ()).throw(RuntimeError("boom")))
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    for _ in range(2):  # the second request goes over the same socket: it fails if the server closed it
+        connection.request("GET", "/v1/jobs", headers={"Authorization": f"Bearer {ADMIN}"})
+        response = connection.getresponse()
+        body = json.loads(response.read())
+        assert response.status == 500 and response.getheader("connection") != "close"
+        assert body["error"]["message"].startswith("internal error (RuntimeError)")
+    connection.close()
 
 
 
@@ -417,6 +432,34 @@ def test_telemetry_takes_good_records_refuses_bad_ones_and_counts_a_step_once(se
     with server.client(token) as worker:  # a cancelled job takes no more records: its progress stays
         late = worker.post(f"/v1/internal/jobs/{queued}/telemetry", json={"records": [{**step, "step": 2}]})
     assert late.status_code == 410 and alice.get(f"/v1/jobs/{queued}").json()["progress"]["step"] == 1
+
+
+def test_a_job_keeps_bounded_metric_points_and_events(tmp_path, tiny_models, monkeypatch):
+    from tunewright_api.services import telemetry
+
+    monkeypatch.setattr(telemetry, "MAX_METRIC_POINTS", 40)
+    monkeypatch.setattr(telemetry, "MAX_METRICS_EVENTS", 30)
+    with Server(tmp_path / "data", local_ray=False, max_running_jobs=0) as server:  # the job stays queued
+        alice = server.tenant("alice")
+        job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], upload(alice, TRAIN).json()["id"])).json()
+        token = (server.settings.data_dir / "jobs" / job["id"] / "telemetry.token").read_text()
+        step = {"event": "step", "epoch": 0, "loss": 2.5, "learning_rate": 1e-3, "grad_norm": 1.0, "tokens": 10,
+                "tokens_per_second": 4e3, "step_seconds": 0.1, "data_seconds": 0.0,
+                "forward_backward_seconds": 0.08, "optimizer_seconds": 0.02}
+        with server.client(token) as worker:
+            for first in range(1, 301, 20):
+                batch = [{**step, "step": n} for n in range(first, first + 20)]
+                assert worker.post(f"/v1/internal/jobs/{job['id']}/telemetry", json={"records": batch}).is_success
+            # a resumed run sends recent steps again: they are still there, so their tokens count once
+            again = [{**step, "step": n} for n in range(291, 301)]
+            assert worker.post(f"/v1/internal/jobs/{job['id']}/telemetry", json={"records": again}).is_success
+        steps = [p["step"] for p in alice.get(f"/v1/jobs/{job['id']}/metrics?max_points=10000").json()["data"]]
+        assert len(steps) <= 40 and steps[0] == 1 and steps[-20:] == list(range(281, 301))
+        assert alice.get(f"/v1/jobs/{job['id']}").json()["progress"]["trainedTokens"] == 300 * 10
+        events = alice.get(f"/v1/jobs/{job['id']}/events?limit=1000").json()["data"]
+        assert len([e for e in events if e["type"] == "metrics"]) <= 30
+        assert events[0]["message"] == "step 300: training loss=2.5000"  # the newest are kept
+        assert events[-1]["message"].startswith("queued")  # lifecycle events are never dropped
 
 
 def test_concurrent_first_tokens_of_a_tenant_make_one_tenant(server):

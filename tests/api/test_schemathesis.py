@@ -1,11 +1,14 @@
 """Property-based requests from the OpenAPI schema (schemathesis): no input may produce a server error."""
 
+import itertools
+import json
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.api.conftest import ADMIN, Server
+from tests.api.conftest import ADMIN, TRAIN, Server, tiny_spec, upload
 
 pytestmark = pytest.mark.slow
 
@@ -24,3 +27,51 @@ def test_no_input_produces_a_server_error(tmp_path):
                 case.validate_response(response, checks=[not_a_server_error])
 
             check()
+
+
+def test_no_sequence_of_calls_produces_a_server_error(tmp_path, tiny_models):
+    """Stateful: calls chained by the schema's links (upload → job → get, cancel, events...; token → revoke;
+    pool → get), with ids from earlier answers. Job bodies get a real model and dataset half the time, so
+    jobs exist and their routes are reached with live ids, not only with 404s."""
+    with Server(tmp_path / "data", local_ray=False, max_running_jobs=0) as live:  # jobs are made, none trains
+        with live.client() as admin:
+            train = upload(admin, TRAIN).json()["id"]
+        schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
+        base = schema.as_state_machine()
+        transitions = [name for name in vars(base) if "__" in name and not name.startswith(("_", "RANDOM"))]
+        linked = " ".join(transitions)
+        for target in ("GET_v1_fine_tuning_jobs", "POST_v1_jobs_job_id_cancel", "DELETE_v1_tokens_token_id",
+                       "GET_v1_pools_name", "DELETE_v1_files_file_id"):
+            assert target in linked, target  # the schema links these to what creates their resource
+        created, pool_names = [], itertools.count()
+
+        class Scenario(base):
+            def get_call_kwargs(self, case):
+                return {"headers": {"Authorization": f"Bearer {ADMIN}"}}
+
+            def before_call(self, case):
+                # the server must answer a replayed sequence as it did the first time (hypothesis checks):
+                # what is patched depends on the case alone, and a pool's name is new at each call
+                body = case.body if isinstance(case.body, dict) else None
+                if body is None or case.method != "POST":
+                    return
+                if case.path == "/v1/pools" and isinstance(body.get("name"), str):
+                    body["name"] = f"p{next(pool_names)}-{body['name']}"[:63].rstrip("-")
+                elif len(json.dumps(body, default=str)) % 2:
+                    return
+                elif case.path == "/v1/jobs":
+                    body.update(tiny_spec(tiny_models["gpt2"], train))
+                elif case.path == "/v1/fine_tuning/jobs":
+                    body.update(model=str(tiny_models["gpt2"]), training_file=train)
+
+            def after_call(self, response, case):
+                super().after_call(response, case)
+                if case.method == "POST" and case.path in ("/v1/jobs", "/v1/fine_tuning/jobs"):
+                    created.append(response.status_code)
+
+            def validate_response(self, response, case, additional_checks=None, **kwargs):
+                case.validate_response(response, checks=[not_a_server_error])
+
+        Scenario.run(settings=settings(max_examples=40, stateful_step_count=8, deadline=None, database=None,
+                                       suppress_health_check=list(HealthCheck)))
+        assert created.count(201) + created.count(200) >= 3, created  # live jobs were reached

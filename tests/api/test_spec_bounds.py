@@ -33,6 +33,8 @@ def train(alice):
     ("method", {"type": "lora", "lora": {"r": 10**9}}, "method.lora.r"),
     ("method", {"type": "lora", "lora": {"r": 128}}, "method.lora.r"),  # its hidden size is 64
     ("method", {"type": "lora", "lora": {"targetModules": ["q_proj\nrm -rf"]}}, "method.lora.targetModules.0"),
+    # a GPT-2 has c_attn, c_proj and c_fc: a Llama's names match nothing in it
+    ("method", {"type": "lora", "lora": {"targetModules": ["c_attn", "q_proj"]}}, "method.lora.targetModules"),
     ("evaluation", {"maxNewTokens": 10**9}, "evaluation.maxNewTokens"),
     ("model", {"source": "models/\x00tiny"}, "model.source"),
     ("model", {"source": "m" * 5000}, "model.source"),

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from tests.jobs.conftest import base_config
 from tunewright_jobs.config import ConfigError, JobConfig
 
 VALID = {
@@ -94,3 +95,15 @@ def test_batch_plan(hyper, strategy, accum, global_batch):
 def test_not_json():
     with pytest.raises(ConfigError, match="line 1 column 2"):
         JobConfig.from_json("{oops")
+
+
+def test_lora_targets_that_match_nothing_fail_naming_the_field(tiny_models, tmp_path):
+    """What the planner's table cannot check (a path, an unknown architecture) the runtime refuses at build."""
+    from transformers import AutoModelForCausalLM
+
+    from tunewright_jobs.model import apply_lora
+
+    cfg = JobConfig.from_dict(base_config(tiny_models["gpt2"], tmp_path, method={
+        "type": "lora", "lora": {"r": 4, "alpha": 8, "target_modules": ["transformer.h.0.attn.no_such"]}}))
+    with pytest.raises(ValueError, match=r"^method\.lora\.target_modules: .*no_such"):
+        apply_lora(cfg, AutoModelForCausalLM.from_pretrained(tiny_models["gpt2"]))

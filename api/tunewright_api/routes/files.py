@@ -8,12 +8,15 @@ from sqlmodel import select
 
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.models import FilePublic, ListEnvelope, StoredFile
+from tunewright_api.routes.links import links_from
 from tunewright_api.services import files
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
-@router.post("", status_code=200)
+@router.post("", status_code=200, responses=links_from(200, "id", "file_id", ("get", "/v1/files/{file_id}"),
+                                                        ("get", "/v1/files/{file_id}/content"),
+                                                        ("delete", "/v1/files/{file_id}")))
 def upload(request: Request, session: SessionDep, tenant: CurrentTenant, file: UploadFile,
            purpose: Annotated[str, Form()] = "fine-tune") -> FilePublic:
     settings = request.app.state.settings

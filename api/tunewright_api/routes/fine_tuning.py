@@ -16,6 +16,7 @@ from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, ListEnvelope
+from tunewright_api.routes.links import links_from
 from tunewright_api.services import jobs
 from tunewright_operator.spec import (
     DEFAULT_EPOCHS,
@@ -143,7 +144,9 @@ def openai_job(job: Job) -> dict:
     }
 
 
-@router.post("")
+@router.post("", responses=links_from(200, "id", "fine_tuning_job_id", *(
+    (method, f"/v1/fine_tuning/jobs/{{fine_tuning_job_id}}{tail}")
+    for method, tail in (("get", ""), ("post", "/cancel"), ("get", "/events"), ("get", "/checkpoints")))))
 def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, settings: SettingsDep,
            tenant: CurrentTenant) -> dict:
     train = jobs.dataset_file(session=session, tenant=tenant, value=body.training_file, param="training_file")

@@ -7,13 +7,17 @@ from fastapi import APIRouter, Query
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.models import JobPublic, ListEnvelope
+from tunewright_api.routes.links import links_from
 from tunewright_api.services import jobs
 from tunewright_operator.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=links_from(201, "id", "job_id", *(
+    (method, f"/v1/jobs/{{job_id}}{tail}") for method, tail in (
+        ("get", ""), ("post", "/cancel"), ("get", "/events"), ("get", "/metrics"), ("get", "/checkpoints"),
+        ("get", "/logs")))))
 def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, settings: SettingsDep,
                tenant: CurrentTenant) -> JobPublic:
     return JobPublic.of(jobs.submit(session=session, backend=backend, tenant=tenant, spec=spec,

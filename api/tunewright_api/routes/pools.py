@@ -12,6 +12,7 @@ from tunewright_api.auth import AdminToken, CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, ListEnvelope
+from tunewright_api.routes.links import links_from
 from tunewright_api.services.plans import check_model_source, plan_on, pool_of, profile_for
 from tunewright_operator.planner.hardware import GPUS, LINKS
 from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
@@ -43,7 +44,18 @@ def list_pools(session: SessionDep, backend: BackendDep, _: CurrentTenant) -> Li
     return ListEnvelope(data=[*backend.pools(), *map(pool_public, described)])
 
 
-@router.post("/pools", status_code=201)
+@router.get("/pools/{name}")
+def get_pool(name: str, session: SessionDep, backend: BackendDep, _: CurrentTenant) -> dict:
+    """A described pool, or one of the backend's own (this machine's, or a cluster's GPUPool)."""
+    if (described := session.get(GpuPool, name)) is not None:
+        return pool_public(described)
+    for own in backend.pools():
+        if own["name"] == name:
+            return own
+    raise ApiError(404, f"no GPU pool {name}", "name", "not_found")
+
+
+@router.post("/pools", status_code=201, responses=links_from(201, "name", "name", ("get", "/v1/pools/{name}")))
 def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: AdminToken) -> dict:
     if body.name in {p["name"] for p in backend.pools()} or session.get(GpuPool, body.name) is not None:
         raise ApiError(409, f"pool {body.name} exists", "name", "exists")

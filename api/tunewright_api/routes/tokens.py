@@ -8,6 +8,7 @@ from sqlmodel import select
 from tunewright_api.auth import AdminToken, SessionDep, issue_token
 from tunewright_api.errors import ApiError
 from tunewright_api.models import ApiToken, ListEnvelope, Tenant, TokenCreate, TokenPublic
+from tunewright_api.routes.links import links_from
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 
@@ -17,7 +18,7 @@ def public(token: ApiToken, tenant: Tenant, secret: str | None = None) -> TokenP
                        created_at=token.created_at, token=secret)
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=links_from(201, "id", "token_id", ("delete", "/v1/tokens/{token_id}")))
 def create_token(body: TokenCreate, session: SessionDep, _: AdminToken) -> TokenPublic:
     """A token for a tenant (created if new). The secret is returned once."""
     tenant, token, secret = issue_token(session, body.tenant, body.name, body.admin)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hmac
 
-from sqlmodel import Session, delete, select
+from sqlmodel import Session, delete, func, select
 
 from tunewright_api.auth import hash_token
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Checkpoint, Job, MetricPoint, StoredFile, add_event
+from tunewright_api.models import Checkpoint, Job, JobEvent, MetricPoint, StoredFile, add_event
 from tunewright_api.states import TERMINAL
 from tunewright_api.telemetry import (
     CheckpointRecord,
@@ -20,6 +20,11 @@ from tunewright_api.telemetry import (
     TelemetryRecord,
 )
 from tunewright_operator.manifests import volume_uri
+
+# What one job may keep, however long it runs (a million-step run must not grow the database without end).
+MAX_METRIC_POINTS = 10_000  # past it the older half is thinned: every other point there is dropped
+MAX_METRICS_EVENTS = 5_000  # per-step, evaluation and checkpoint events: past it the oldest go; lifecycle
+#                             events (queued, started, failed...) are few and always kept
 
 
 def authenticated_job(*, session: Session, job_id: str, token: str, finished_ok: bool = False) -> Job:
@@ -47,7 +52,31 @@ def ingest(*, session: Session, job: Job, records: list[TelemetryRecord]) -> Non
     for record in records:
         apply(session, job, record)
     session.add(job)
+    session.flush()
+    keep_within_caps(session, job)
     session.commit()
+
+
+def keep_within_caps(session: Session, job: Job) -> None:
+    """Thin the job's metric points and drop its oldest metrics events once they pass their caps.
+
+    The newest half of the points stays at full resolution: a resumed run re-sends only recent steps, whose
+    points must still be there for their tokens to count once. The older history loses every other point per
+    pass, so the curve keeps its shape from the first step to the last."""
+    count_points = select(func.count()).select_from(MetricPoint).where(MetricPoint.job_id == job.id)
+    while (points := session.exec(count_points).one()) > MAX_METRIC_POINTS:
+        older = session.exec(select(MetricPoint.id).where(MetricPoint.job_id == job.id)
+                             .order_by(MetricPoint.step).limit(points // 2)).all()
+        dropped = older[1::2]
+        for start in range(0, len(dropped), 500):  # SQLite builds may allow only 999 parameters
+            session.exec(delete(MetricPoint).where(MetricPoint.id.in_(dropped[start:start + 500])))
+    metrics_events = select(JobEvent.id).where(JobEvent.job_id == job.id, JobEvent.type == "metrics")
+    events = session.exec(select(func.count()).select_from(metrics_events.subquery())).one()
+    if events > MAX_METRICS_EVENTS:  # a tenth more than needed goes: trimming then happens once in hundreds
+        last = session.exec(metrics_events.order_by(JobEvent.id)
+                            .offset(events - MAX_METRICS_EVENTS + MAX_METRICS_EVENTS // 10 - 1).limit(1)).one()
+        session.exec(delete(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics",
+                                            JobEvent.id <= last))
 
 
 def apply(session: Session, job: Job, record: TelemetryRecord) -> None:

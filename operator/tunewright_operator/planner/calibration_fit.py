@@ -43,7 +43,7 @@ MEASURED_MODELS: dict[str, ModelProfile] = {
     "gpt2-124m": replace(CATALOG["gpt2"], name="gpt2-124m", max_positions=2048),
     "llama-1b": replace(CATALOG["meta-llama/Llama-3.2-1B"], name="llama-1b"),
     "llama-3b": replace(CATALOG["meta-llama/Llama-3.2-3B"], name="llama-3b"),
-    "qwen-0.5b": replace(CATALOG["Qwen/Qwen2.5-0.5B"], name="qwen-0.5b"),  # built as a Llama: no q/k/v biases
+    "qwen-0.5b": replace(CATALOG["Qwen/Qwen2.5-0.5B"], name="qwen-0.5b", model_type="llama"),  # no q/k/v biases
     "llama-8b": replace(CATALOG["meta-llama/Llama-3.1-8B"], name="llama-8b"),
 }
 FIT_MODELS = {"gpt2-124m", "llama-1b"}  # the smallest; the others are held out

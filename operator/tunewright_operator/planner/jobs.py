@@ -27,6 +27,14 @@ def check_fits_model(spec: FineTuneJobSpec, profile: ModelProfile) -> None:
     if spec.method.type == "lora" and spec.method.lora.r > profile.hidden:
         raise ValueError(f"method.lora.r: a rank of {spec.method.lora.r} is more than {profile.name}'s hidden size "
                          f"({profile.hidden}): the adapters would be larger than the weights they adapt")
+    if spec.method.type == "lora" and (names := profile.linear_module_names):
+        # a dotted target is a path PEFT matches by suffix: only the runtime, holding the model, can check it
+        unmatched = [t for t in spec.method.lora.target_modules if t != "all-linear" and "." not in t
+                     and t not in names]
+        if unmatched:
+            raise ValueError(f"method.lora.targetModules: {', '.join(unmatched)} match no module of {profile.name} "
+                             f"({profile.model_type}); its linear modules are {', '.join(sorted(names))}, "
+                             "or all-linear for every one")
 
 
 def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int | None) -> Workload:

@@ -18,11 +18,17 @@ class ModelProfile:
     gated_mlp: bool = True  # SwiGLU/GeGLU (three matrices) vs GPT-2's two
     max_positions: int = 0  # learned position embeddings (GPT-2); 0 for RoPE models
     head_dim_override: int = 0  # when heads x head_dim != hidden (Gemma 2)
+    model_type: str = ""  # config.json's; it names the modules LoRA can target ("": not known here)
 
     @property
     def family(self) -> str:
         """Kernel behaviour class for calibration: GPT-2's unfused blocks, or a Llama-style gated block."""
         return "llama" if self.gated_mlp else "gpt2"
+
+    @property
+    def linear_module_names(self) -> frozenset[str]:
+        """The names of the linear modules LoRA can adapt (empty: an architecture this table does not know)."""
+        return LINEAR_MODULES.get(self.model_type, frozenset())
 
     @property
     def head_dim(self) -> int:
@@ -66,13 +72,21 @@ class ModelProfile:
         return (6 if method == "full" else 4) * self.params + 12 * self.layers * self.hidden * seq_len
 
 
+_LLAMA_LINEAR = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})
+LINEAR_MODULES: dict[str, frozenset[str]] = {
+    "gpt2": frozenset({"c_attn", "c_proj", "c_fc", "lm_head"}),
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"), _LLAMA_LINEAR),
+    "phi3": frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}),
+}
+
+
 def from_hf_config(name: str, config: dict) -> ModelProfile:
     """A profile from a Hugging Face config.json (Llama, Qwen2, Mistral, Gemma, Phi-3 and GPT-2 layouts)."""
     if config.get("model_type") == "gpt2" or "n_embd" in config:
         hidden = config["n_embd"]
         return ModelProfile(name, config["n_layer"], hidden, config["n_head"], config["n_head"],
                             config.get("n_inner") or 4 * hidden, config["vocab_size"], True, gated_mlp=False,
-                            max_positions=config.get("n_positions", 1024))
+                            max_positions=config.get("n_positions", 1024), model_type="gpt2")
     try:
         heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
@@ -80,7 +94,8 @@ def from_hf_config(name: str, config: dict) -> ModelProfile:
         return ModelProfile(name, config["num_hidden_layers"], hidden, heads,
                             config.get("num_key_value_heads") or heads, config["intermediate_size"],
                             config["vocab_size"], bool(config.get("tie_word_embeddings", False)),
-                            head_dim_override=head_dim if head_dim * heads != hidden else 0)
+                            head_dim_override=head_dim if head_dim * heads != hidden else 0,
+                            model_type=str(config.get("model_type") or ""))
     except KeyError as missing:
         raise ValueError(f"model config.json of {name} lacks {missing}: cannot profile it") from None
 
@@ -89,41 +104,47 @@ def hf_config(profile: ModelProfile) -> dict:
     """The config.json shape fields of a profile (GPT-2 or Llama layout): `from_hf_config` reads them back."""
     p = profile
     if not p.gated_mlp:
-        return {"model_type": "gpt2", "n_layer": p.layers, "n_embd": p.hidden, "n_head": p.heads,
+        return {"model_type": p.model_type or "gpt2", "n_layer": p.layers, "n_embd": p.hidden, "n_head": p.heads,
                 "vocab_size": p.vocab, "n_positions": p.max_positions,
                 **({"n_inner": p.ffn} if p.ffn != 4 * p.hidden else {})}
-    return {"model_type": "llama", "num_hidden_layers": p.layers, "hidden_size": p.hidden,
+    return {"model_type": p.model_type or "llama", "num_hidden_layers": p.layers, "hidden_size": p.hidden,
             "num_attention_heads": p.heads, "num_key_value_heads": p.kv_heads, "intermediate_size": p.ffn,
             "vocab_size": p.vocab, "tie_word_embeddings": p.tied_embeddings,
             **({"head_dim": p.head_dim} if p.head_dim_override else {})}
 
 
-def _llama(name, layers, hidden, heads, kv, ffn, vocab, tied=False, head_dim=0):
-    return ModelProfile(name, layers, hidden, heads, kv, ffn, vocab, tied, head_dim_override=head_dim)
+def _gpt2(name, layers, hidden, heads):
+    return ModelProfile(name, layers, hidden, heads, heads, 4 * hidden, 50257, True, gated_mlp=False,
+                        max_positions=1024, model_type="gpt2")
+
+
+def _llama(name, layers, hidden, heads, kv, ffn, vocab, tied=False, head_dim=0, model_type="llama"):
+    return ModelProfile(name, layers, hidden, heads, kv, ffn, vocab, tied, head_dim_override=head_dim,
+                        model_type=model_type)
 
 
 CATALOG: dict[str, ModelProfile] = {p.name: p for p in [
-    ModelProfile("gpt2", 12, 768, 12, 12, 3072, 50257, True, gated_mlp=False, max_positions=1024),
-    ModelProfile("gpt2-medium", 24, 1024, 16, 16, 4096, 50257, True, gated_mlp=False, max_positions=1024),
-    ModelProfile("gpt2-large", 36, 1280, 20, 20, 5120, 50257, True, gated_mlp=False, max_positions=1024),
-    ModelProfile("gpt2-xl", 48, 1600, 25, 25, 6400, 50257, True, gated_mlp=False, max_positions=1024),
+    _gpt2("gpt2", 12, 768, 12),
+    _gpt2("gpt2-medium", 24, 1024, 16),
+    _gpt2("gpt2-large", 36, 1280, 20),
+    _gpt2("gpt2-xl", 48, 1600, 25),
     _llama("meta-llama/Llama-3.2-1B", 16, 2048, 32, 8, 8192, 128256, tied=True),
     _llama("meta-llama/Llama-3.2-3B", 28, 3072, 24, 8, 8192, 128256, tied=True),
     _llama("meta-llama/Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256),
     _llama("meta-llama/Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256),
-    _llama("Qwen/Qwen2.5-0.5B", 24, 896, 14, 2, 4864, 151936, tied=True),
-    _llama("Qwen/Qwen2.5-1.5B", 28, 1536, 12, 2, 8960, 151936, tied=True),
-    _llama("Qwen/Qwen2.5-3B", 36, 2048, 16, 2, 11008, 151936, tied=True),
-    _llama("Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064),
-    _llama("Qwen/Qwen2.5-14B", 48, 5120, 40, 8, 13824, 152064),
-    _llama("Qwen/Qwen2.5-32B", 64, 5120, 40, 8, 27648, 152064),
-    _llama("Qwen/Qwen2.5-72B", 80, 8192, 64, 8, 29568, 152064),
-    _llama("mistralai/Mistral-7B-v0.3", 32, 4096, 32, 8, 14336, 32768),
-    _llama("google/gemma-2-2b", 26, 2304, 8, 4, 9216, 256000, tied=True, head_dim=256),
-    _llama("google/gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, tied=True, head_dim=256),
-    _llama("google/gemma-2-27b", 46, 4608, 32, 16, 36864, 256000, tied=True, head_dim=128),
-    _llama("microsoft/Phi-3-mini-4k-instruct", 32, 3072, 32, 32, 8192, 32064),
-    _llama("microsoft/Phi-3-medium-4k-instruct", 40, 5120, 40, 10, 17920, 32064),
+    _llama("Qwen/Qwen2.5-0.5B", 24, 896, 14, 2, 4864, 151936, tied=True, model_type="qwen2"),
+    _llama("Qwen/Qwen2.5-1.5B", 28, 1536, 12, 2, 8960, 151936, tied=True, model_type="qwen2"),
+    _llama("Qwen/Qwen2.5-3B", 36, 2048, 16, 2, 11008, 151936, tied=True, model_type="qwen2"),
+    _llama("Qwen/Qwen2.5-7B", 28, 3584, 28, 4, 18944, 152064, model_type="qwen2"),
+    _llama("Qwen/Qwen2.5-14B", 48, 5120, 40, 8, 13824, 152064, model_type="qwen2"),
+    _llama("Qwen/Qwen2.5-32B", 64, 5120, 40, 8, 27648, 152064, model_type="qwen2"),
+    _llama("Qwen/Qwen2.5-72B", 80, 8192, 64, 8, 29568, 152064, model_type="qwen2"),
+    _llama("mistralai/Mistral-7B-v0.3", 32, 4096, 32, 8, 14336, 32768, model_type="mistral"),
+    _llama("google/gemma-2-2b", 26, 2304, 8, 4, 9216, 256000, tied=True, head_dim=256, model_type="gemma2"),
+    _llama("google/gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, tied=True, head_dim=256, model_type="gemma2"),
+    _llama("google/gemma-2-27b", 46, 4608, 32, 16, 36864, 256000, tied=True, head_dim=128, model_type="gemma2"),
+    _llama("microsoft/Phi-3-mini-4k-instruct", 32, 3072, 32, 32, 8192, 32064, model_type="phi3"),
+    _llama("microsoft/Phi-3-medium-4k-instruct", 40, 5120, 40, 10, 17920, 32064, model_type="phi3"),
 ]}
 
 
