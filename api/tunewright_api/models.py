@@ -23,6 +23,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+def results_file_id(job: Job) -> str:
+    """The id of a job's results file: its own hex, so a re-sent end record rewrites the same file."""
+    return "file-" + job.id.rsplit("-", 1)[-1][-24:].rjust(24, "0")
+
+
 # --- tenants and tokens ------------------------------------------------------------------------------
 
 
@@ -70,6 +75,7 @@ class StoredFile(SQLModel, table=True):
     format: str
     examples: int
     path: str
+    sha256: str | None = Field(default=None, index=True)  # of the bytes uploaded (None: a file the API made)
     created_at: datetime = Field(default_factory=now)
 
 
@@ -83,11 +89,12 @@ class FilePublic(SQLModel):
     status: str = "processed"
     format: str
     examples: int
+    sha256: str | None = None
 
     @classmethod
     def of(cls, f: StoredFile) -> FilePublic:
         return cls(id=f.id, bytes=f.bytes, created_at=int(f.created_at.timestamp()), filename=f.filename,
-                   purpose=f.purpose, format=f.format, examples=f.examples)
+                   purpose=f.purpose, format=f.format, examples=f.examples, sha256=f.sha256)
 
 
 # --- jobs --------------------------------------------------------------------------------------------

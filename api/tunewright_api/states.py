@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 TRANSITIONS = {
     "queued": {"running", "failed", "cancelled"},

@@ -169,9 +169,16 @@ def _aware(moment: datetime) -> datetime:
 def progress(status: str, step: int, total_steps: int | None, loss: float | None, tokens_per_second: float | None,
              trained_tokens: int, started_at: datetime | None, now: datetime) -> JobProgress:
     eta = None
-    if status == "running" and total_steps and step and started_at is not None:
-        per_step = (now - _aware(started_at)).total_seconds() / step
-        eta = max(0.0, per_step * (total_steps - step))
+    if status == "running" and total_steps and step:
+        # the training pace (the latest step's tokens/s) when known: time since the start also holds the
+        # start-up (a minute for a small job), which made early estimates hours long
+        if tokens_per_second and trained_tokens:
+            per_step = trained_tokens / step / tokens_per_second
+        elif started_at is not None:
+            per_step = (now - _aware(started_at)).total_seconds() / step
+        else:
+            per_step = None
+        eta = None if per_step is None else max(0.0, per_step * (total_steps - step))
     percent = round(100 * step / total_steps, 1) if total_steps else None
     return JobProgress(step=step, total_steps=total_steps, percent=percent, loss=loss,
                        tokens_per_second=tokens_per_second, trained_tokens=trained_tokens, eta_seconds=eta)

@@ -22,14 +22,25 @@ log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 
+
+def _chatml_template(end_of_turn: str) -> str:
+    """ChatML with `end_of_turn` (a Jinja expression) closing each turn."""
+    return (
+        "{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + " + end_of_turn + " + '\n' }}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+
+
 # Used when a tokenizer has no chat template of its own: ChatML, prefix-stable, ends each turn with a
 # marker the model learns to emit (so generation knows where an answer stops).
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+FALLBACK_CHAT_TEMPLATE = _chatml_template("'<|im_end|>'")
+# The same where <|im_end|> is not one token (stock GPT-2 splits it into ordinary tokens, which no
+# generation can stop on): eos closes each turn instead. Adding <|im_end|> to the vocabulary would grow
+# the embeddings, which a LoRA run would then have to train and ship, and the adapter would no longer
+# fit the stock base model.
+FALLBACK_CHAT_TEMPLATE_EOS_TURNS = _chatml_template("eos_token")
 
 
 # --- tokenizing --------------------------------------------------------------------------------------
@@ -42,9 +53,43 @@ class Example:
 
 
 def ensure_chat_template(tokenizer) -> None:
-    if not getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None):
+        return
+    if len(tokenizer("<|im_end|>", add_special_tokens=False)["input_ids"]) == 1:
         log.warning("tokenizer has no chat template; using tunewright's ChatML fallback")
         tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    elif tokenizer.eos_token is not None:
+        log.warning("tokenizer has no chat template and no <|im_end|> token; using tunewright's ChatML "
+                    "fallback with %s closing each turn", tokenizer.eos_token)
+        tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE_EOS_TURNS
+    else:
+        raise DatasetError("model.source: the tokenizer has no chat template, no <|im_end|> token and no eos "
+                           "token, so no token can mark where an answer ends")
+
+
+def end_of_turn_id(tokenizer) -> int | None:
+    """The token that closes an assistant turn in the chat template: the first special token after the answer.
+
+    None where the template closes turns with ordinary text only.
+    """
+    answer = "tunewright-answer"
+    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": answer}]
+    rendered = _render(tokenizer, messages, add_generation_prompt=False)
+    end = rendered.rfind(answer)
+    if end < 0:
+        return None
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, token in tokenizer.added_tokens_decoder.items() if token.special}
+    tail = tokenizer(rendered[end + len(answer):], add_special_tokens=False)["input_ids"]
+    return next((i for i in tail if i in special), None)
+
+
+def stop_token_ids(tokenizer, fmt: str, model_eos: int | list[int] | None = None) -> list[int]:
+    """The tokens generation ends at: the end of an assistant turn (chat), then eos, the tokenizer's and
+    the model's (`model_eos`, from its generation config)."""
+    ids = [end_of_turn_id(tokenizer)] if fmt == "chat" else []
+    ids += [tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])]
+    return list(dict.fromkeys(i for i in ids if i is not None))
 
 
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool) -> str:

@@ -64,12 +64,13 @@ def validation_metrics(model, rows: Rows, dist: Dist, micro_batch_size: int, pad
 
 @torch.no_grad()
 def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, device: torch.device,
-                   batch_size: int = 16) -> list[str]:
-    """Greedy continuations, cut at the first special token (end of turn / end of text).
+                   stop_ids: list[int], batch_size: int = 16) -> list[str]:
+    """Greedy continuations, cut at the first of `stop_ids` (the tokens the exported generation config
+    stops at: end of turn, end of text), so that answers are scored as a user's generate() returns them.
 
     No KV cache and a fixed number of forward passes per batch, so that sharded ranks stay in lockstep.
     """
-    stop_ids = set(tokenizer.all_special_ids)
+    stops = set(stop_ids)
     pad_id = tokenizer.pad_token_id
     answers = []
     for start in range(0, len(prompts), batch_size):
@@ -84,20 +85,21 @@ def greedy_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, de
             ids = torch.cat([ids, next_ids], dim=1)
             mask = torch.cat([mask, torch.ones_like(next_ids)], dim=1)
         for row in ids[:, width:].tolist():
-            cut = next((i for i, t in enumerate(row) if t in stop_ids), len(row))
+            cut = next((i for i, t in enumerate(row) if t in stops), len(row))
             answers.append(tokenizer.decode(row[:cut]).strip())
     return answers
 
 
 def exact_match(model, tokenizer, prompts: list[str], references: list[str], dist: Dist,
-                max_new_tokens: int) -> dict:
+                max_new_tokens: int, stop_ids: list[int]) -> dict:
     """Share of validation answers generated exactly (after stripping); rank 0 logs a few of its answers."""
     model.eval()
     per_rank = math.ceil(len(prompts) / dist.world_size)
     mine = list(range(dist.rank * per_rank, min(len(prompts), (dist.rank + 1) * per_rank)))
     # Ranks with a short shard repeat a prompt (and do not score it) to keep the forward count equal.
     padded = mine + [0] * (per_rank - len(mine))
-    answers = greedy_answers(model, tokenizer, [prompts[i] for i in padded], max_new_tokens, dist.device)
+    answers = greedy_answers(model, tokenizer, [prompts[i] for i in padded], max_new_tokens, dist.device,
+                             stop_ids)
     correct = sum(answers[j] == references[i].strip() for j, i in enumerate(mine))
     correct, total = dist.all_reduce_sum([float(correct), float(len(mine))])
     model.train()

@@ -2,10 +2,18 @@
 
 Parameters are gathered to rank 0 on the CPU; the export is written to a temporary folder and renamed
 into place, so `<output_dir>/final` is either complete or absent.
+
+Every exported folder carries the tokenizer and a generation_config.json that stops at the end of an
+assistant turn as well as at eos. A merged or full model picks the latter up when loaded; PEFT loads an
+adapter onto its base model's generation config, so adapter users pass
+`generation_config=GenerationConfig.from_pretrained(adapter)` or `eos_token_id=tokenizer.eos_token_id`
+(the exported tokenizer's eos is the end-of-turn token).
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 import shutil
 from pathlib import Path
 
@@ -13,8 +21,11 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from tunewright_jobs.config import JobConfig
+from tunewright_jobs.data import end_of_turn_id, stop_token_ids
 from tunewright_jobs.parallel import Dist
 from tunewright_jobs.telemetry import ExportPaths
+
+log = logging.getLogger(__name__)
 
 
 def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
@@ -25,6 +36,8 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
     )
     if not dist.is_main:
         return ExportPaths()
+    generation = stopping_generation_config(cfg, model, tokenizer)
+    tokenizer = tokenizer_for_export(cfg, tokenizer)
     final = Path(cfg.output_dir) / "final"
     staging = final.with_name("final.partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -32,19 +45,50 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
     exported = []  # folder names, as ExportPaths names them
     if lora:
         model.save_pretrained(staging / "adapter", state_dict=state)
-        tokenizer.save_pretrained(staging / "adapter")
+        save_generation_files(staging / "adapter", tokenizer, generation)
         exported.append("adapter")
         if cfg.checkpoint.export_merged:
             merge_adapter(cfg, staging / "adapter", staging / "merged")
-            tokenizer.save_pretrained(staging / "merged")
+            save_generation_files(staging / "merged", tokenizer, generation)
             exported.append("merged")
     else:
         model.save_pretrained(staging / "model", state_dict=state)
-        tokenizer.save_pretrained(staging / "model")
+        save_generation_files(staging / "model", tokenizer, generation)
         exported.append("model")
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     return ExportPaths(**{name: str(final / name) for name in exported})
+
+
+def stopping_generation_config(cfg: JobConfig, model, tokenizer):
+    """The model's generation config, with eos_token_id listing the end-of-turn token (chat) and every eos.
+
+    A chat model learns to close its answer with the template's end-of-turn token; stopping only at eos
+    would let it run on into turns nobody asked for.
+    """
+    generation = copy.deepcopy(model.generation_config)
+    generation.eos_token_id = stop_token_ids(tokenizer, cfg.dataset.format, generation.eos_token_id)
+    # No longer config.json's: transformers 4.x's generate() rebuilds a config so marked from config.json.
+    generation._from_model_config = False
+    if cfg.dataset.format == "chat" and end_of_turn_id(tokenizer) is None:
+        log.warning("the chat template closes turns with no special token: generation will stop only at eos")
+    return generation
+
+
+def tokenizer_for_export(cfg: JobConfig, tokenizer):
+    """For chat, a copy whose eos is the end-of-turn token (as chat models' tokenizers have it), for code
+    that stops at `tokenizer.eos_token_id`; the training tokenizer is left as it is."""
+    end_of_turn = end_of_turn_id(tokenizer) if cfg.dataset.format == "chat" else None
+    if end_of_turn is None or end_of_turn == tokenizer.eos_token_id:
+        return tokenizer
+    exported = copy.deepcopy(tokenizer)
+    exported.eos_token = exported.convert_ids_to_tokens(end_of_turn)
+    return exported
+
+
+def save_generation_files(out_dir: Path, tokenizer, generation) -> None:
+    tokenizer.save_pretrained(out_dir)
+    generation.save_pretrained(out_dir)  # replaces the base model's, which a merged model brings along
 
 
 def merge_adapter(cfg: JobConfig, adapter_dir: Path, out_dir: Path) -> None:

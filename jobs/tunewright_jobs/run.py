@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 from tunewright_jobs.config import ConfigError, JobConfig
@@ -112,6 +113,35 @@ def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
     return json.loads((Path(cfg.output_dir) / "result.json").read_text())
 
 
+# What a model that cannot be loaded looks like from transformers and huggingface_hub, and what to do about it.
+MODEL_SOURCE_FAILURES = (
+    (("couldn't connect to", "offline mode", "failed to resolve", "max retries exceeded", "name resolution"),
+     "model.source: {source} cannot be downloaded: the Hugging Face Hub is not reachable from here. Download it "
+     "where it is, then give its folder (or a volume: pvc://claim/path)"),
+    (("repo id must", "is not a local folder and is not a valid model identifier", "repository not found",
+      "not a valid model identifier"),
+     "model.source: {source} is neither a folder here nor a model on the Hugging Face Hub"),
+    (("gated repo", "401 client error", "access to model"),
+     "model.source: {source} needs a Hugging Face token with access to it (HF_TOKEN)"),
+)
+
+
+def failure_line(err: BaseException, source: str) -> str:
+    """One line a user can act on: the innermost cause (Ray wraps a worker's error twice), the model source's
+    known failures said plainly, anything else as its type and first line."""
+    while True:
+        inner = getattr(err, "cause", None) or err.__cause__  # RayTaskError keeps the worker's in .cause
+        if not isinstance(inner, BaseException) or inner is err:
+            break
+        err = inner
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    text = " ".join(lines).lower()
+    for needles, message in MODEL_SOURCE_FAILURES:
+        if any(needle in text for needle in needles):
+            return message.format(source=source)
+    return f"{type(err).__name__}: {lines[0][:500] if lines else 'no message'}"
+
+
 def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -136,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # the traceback for the log; the last line, for the job's error, says it plainly
+        traceback.print_exc()
+        print(f"error: {failure_line(err, cfg.model.source)}", file=sys.stderr)
+        return 1
     if result:
         print(json.dumps(result, indent=2))
     return 0

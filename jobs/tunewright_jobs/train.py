@@ -31,6 +31,7 @@ from tunewright_jobs.data import (
     eval_rows,
     micro_batches,
     read_jsonl,
+    stop_token_ids,
     tokenize_dataset,
 )
 from tunewright_jobs.evaluate import exact_match, validation_metrics
@@ -205,6 +206,8 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     seed_everything(hp.seed)
     model = load_model(cfg)
     total_params, trainable_params = parameter_counts(model)
+    # Exact match scores answers cut where the exported model's generation stops.
+    stop_ids = stop_token_ids(tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)
     model = wrap_model(cfg, model, dist)
     seed_everything(hp.seed + 1 + dist.rank)
     model.train()
@@ -232,7 +235,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
                                     tokenizer.pad_token_id, cfg.eval.max_batches)
         if with_exact_match:
             prompts, refs = answer_pairs(cfg, tokenizer, val_records)
-            scores |= exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens)
+            scores |= exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens, stop_ids)
         sink.emit(EvalRecord(step=step, **scores))
         return EvalMetrics(**scores)
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.api.conftest import ADMIN, TRAIN, VALIDATION, Server, tiny_spec, upload, wait_for
 
@@ -94,6 +93,21 @@ def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, ti
     assert len(logs) == 5 and all(isinstance(line, str) for line in logs)
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
     assert alice.post(f"/v1/fine_tuning/jobs/{job['id']}/cancel").status_code == 400  # OpenAI's answer there
+    # the exported adapter, file by file, exactly as written; nothing outside the export is reachable
+    listed = {a["path"]: a["bytes"] for a in alice.get(f"/v1/jobs/{job['id']}/artifacts").json()["data"]}
+    export = Path(done["result"]["export"]["adapter"])
+    assert "adapter/adapter_config.json" in listed and listed == {
+        p.relative_to(export.parent).as_posix(): p.stat().st_size for p in export.parent.rglob("*") if p.is_file()}
+    config = alice.get(f"/v1/jobs/{job['id']}/artifacts/adapter/adapter_config.json")
+    assert config.content == (export / "adapter_config.json").read_bytes()
+    for outside in ("../../job.json", "../telemetry.token", "/etc/passwd", "%2e%2e/%2e%2e/job.json"):
+        assert alice.get(f"/v1/jobs/{job['id']}/artifacts/{outside}").status_code == 404, outside
+    # deleted: its records and run folder go; its results file stays the tenant's
+    results = alice.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["result_files"]
+    assert alice.delete(f"/v1/jobs/{job['id']}").json()["deleted"] is True
+    assert alice.get(f"/v1/jobs/{job['id']}").status_code == 404 and not export.exists()
+    assert not Path(server.settings.data_dir / "jobs" / job["id"]).exists()
+    assert alice.get(f"/v1/files/{results[0]}").json()["purpose"] == "fine-tune-results"
 
 
 def test_cancel_stops_the_run(server, tiny_models):
@@ -123,7 +137,8 @@ def test_tenants_never_see_each_other(backend_server, tiny_models):
     file_id = upload(alice, TRAIN).json()["id"]
     job_id = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], file_id)).json()["id"]
     alices_token = backend_server.client().get("/v1/tokens?tenant=alice").json()["data"][0]["id"]
-    ids = {"file_id": file_id, "job_id": job_id, "fine_tuning_job_id": job_id, "token_id": alices_token}
+    ids = {"file_id": file_id, "job_id": job_id, "fine_tuning_job_id": job_id, "token_id": alices_token,
+           "path": "adapter/adapter_config.json"}
     covered = 0
     # every route that takes an id, as the OpenAPI schema lists them: a new route is covered by construction
     for template, operations in bob.get("/openapi.json").json()["paths"].items():
@@ -137,7 +152,7 @@ def test_tenants_never_see_each_other(backend_server, tiny_models):
             assert response.status_code == 404, (method, template, response.text)
             assert response.json()["error"]["type"] == "not_found_error"
             covered += 1
-    assert covered >= 12  # files: 3; native jobs: 5; OpenAI jobs: get, cancel, events, checkpoints
+    assert covered >= 15  # files: 3; native jobs: 8; OpenAI jobs: get, cancel, events, checkpoints
     assert bob.get("/v1/jobs").json()["data"] == [] and bob.get("/v1/files").json()["data"] == []
     assert bob.request("POST", f"/v1/internal/jobs/{job_id}/telemetry", json={"records": []}).status_code == 401
     alice.post(f"/v1/jobs/{job_id}/cancel")
@@ -230,7 +245,10 @@ def test_the_official_openai_client_works(server, tiny_models):
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert current.status == "succeeded", current.error
-    assert current.trained_tokens > 0 and current.fine_tuned_model.endswith("adapter")
+    assert current.trained_tokens > 0
+    assert current.fine_tuned_model == f"ft:{tiny_models['gpt2'].name}:demo:{job.id}"  # a name, not a path
+    results = client.files.content(current.result_files[0]).text.splitlines()
+    assert results[0].startswith("step,train_loss,valid_loss") and len(results) == 1 + 6
     assert current.hyperparameters.n_epochs == 1 and current.hyperparameters.batch_size == 4
     events = client.fine_tuning.jobs.list_events(job.id, limit=50).data
     assert events[0].message == "succeeded"
@@ -291,33 +309,6 @@ def test_the_queue_runs_one_job_at_a_time(server, tiny_models):
     spec = tiny_spec(tiny_models["gpt2"], train)
     held = alice.post("/v1/jobs", json={**spec, "suspend": True})
     assert held.status_code == 422 and held.json()["error"]["param"] == "suspend"
-
-
-@pytest.mark.slow  # trains a job (over 10 s here)
-def test_the_cli_drives_the_api(server, tiny_models, tmp_path, capsys):
-    from tunewright_api.cli import main
-
-    base = ["--url", server.url, "--token", ADMIN]
-    assert main([*base, "tokens", "create", "carol"]) == 0
-    token = json.loads(capsys.readouterr().out)["token"]
-    user = ["--url", server.url, "--token", token]
-    spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump({"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
-                                    "metadata": {"name": "x"},
-                                    "spec": tiny_spec(tiny_models["gpt2"], str(TRAIN), maxSteps=4)}))
-    assert main([*user, "submit", str(spec), "--watch"]) == 0  # uploads the local file, then watches
-    out = capsys.readouterr().out
-    assert "submitted ftjob-" in out and "succeeded [" in out and "step 4/4" in out
-    assert re.search(r"succeeded \[.*comm \d+% \(\d+% exposed\)", out)  # the measured share, on the last line
-    job_id = re.search(r"submitted (ftjob-\w+)", out).group(1)
-    assert main([*user, "jobs"]) == 0 and job_id in capsys.readouterr().out
-    assert main([*user, "events", job_id]) == 0 and "succeeded" in capsys.readouterr().out
-    assert main([*user, "metrics", job_id]) == 0
-    assert [json.loads(line)["step"] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4]
-    assert main([*user, "submit", "--model", str(tiny_models["gpt2"]), "--train", "file-" + "0" * 24]) == 1
-    assert "(dataset.train): no file" in capsys.readouterr().err
-    assert main(["--url", server.url, "--token", "wrong", "jobs"]) == 1
-    assert "401: invalid token" in capsys.readouterr().err
 
 
 @pytest.mark.slow

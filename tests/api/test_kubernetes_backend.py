@@ -168,7 +168,9 @@ def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api, emulat
                                           "endTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
     done = api_job(alice, job["id"], "succeeded", operator=operator)
     assert done["finished_at"] and done["started_at"]
-    assert alice.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"] == adapter
+    assert alice.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"].endswith(job["id"])
+    download = alice.get(f"/v1/jobs/{job['id']}/artifacts")  # the files are on the claim, not on this server
+    assert download.status_code == 409 and adapter in download.json()["error"]["message"]
     messages = [e["message"] for e in alice.get(f"/v1/jobs/{job['id']}/events?limit=100").json()["data"]]
     assert any(m.startswith("Running (Training)") for m in messages)
     assert any(m.startswith("Succeeded (Succeeded)") for m in messages)

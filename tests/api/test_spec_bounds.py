@@ -38,6 +38,7 @@ def train(alice):
     ("evaluation", {"maxNewTokens": 10**9}, "evaluation.maxNewTokens"),
     ("model", {"source": "models/\x00tiny"}, "model.source"),
     ("model", {"source": "m" * 5000}, "model.source"),
+    ("model", {"source": "/tmp/no/such/model"}, "model.source"),  # refused at once, not by the run later
 ])
 def test_an_absurd_spec_is_refused_naming_the_field(alice, train, tiny_models, section, patch, field):
     spec = tiny_spec(tiny_models["gpt2"], train)

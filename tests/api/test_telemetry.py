@@ -35,15 +35,18 @@ def test_measured_beside_predicted(plan, comm, tokens_per_second, finished, expe
         assert wire[key] == (pytest.approx(value) if value is not None else None), key
 
 
-@pytest.mark.parametrize(("status", "step", "total", "started", "eta"), [
-    ("running", 10, 40, START, 30 * 60 * 3.0),  # 30 min for 10 steps: 90 min for the 30 left
-    ("running", 0, 40, START, None),  # no step done: no pace yet
-    ("succeeded", 40, 40, START, None),  # only running jobs have an ETA
-    ("running", 10, None, START, None),  # total unknown until the run starts counting
-    ("running", 10, 40, START.replace(tzinfo=None), 30 * 60 * 3.0),  # SQLite gives naive UTC times back
+@pytest.mark.parametrize(("status", "step", "total", "started", "speed", "eta"), [
+    # 9,000 tokens in 10 steps at 900 tokens/s: 1 s a step, 30 s for the 30 left (the 30 minutes since the
+    # start were mostly start-up: they must not make the estimate 90 minutes)
+    ("running", 10, 40, START, 900.0, 30.0),
+    ("running", 10, 40, START, None, 30 * 60 * 3.0),  # no pace reported: 30 min for 10 steps, 90 for 30
+    ("running", 0, 40, START, 900.0, None),  # no step done: no pace yet
+    ("succeeded", 40, 40, START, 900.0, None),  # only running jobs have an ETA
+    ("running", 10, None, START, 900.0, None),  # total unknown until the run starts counting
+    ("running", 10, 40, START.replace(tzinfo=None), None, 30 * 60 * 3.0),  # SQLite gives naive UTC times back
 ])
-def test_progress_and_eta(status, step, total, started, eta):
-    got = progress(status, step, total, 1.5, 900.0, 12345, started, now=START + timedelta(minutes=30))
+def test_progress_and_eta(status, step, total, started, speed, eta):
+    got = progress(status, step, total, 1.5, speed, 9000, started, now=START + timedelta(minutes=30))
     percent = {(10, 40): 25.0, (40, 40): 100.0, (0, 40): 0.0}.get((step, total))
     assert got.model_dump(by_alias=True) == {"step": step, "totalSteps": total, "percent": percent, "loss": 1.5,
-                                             "tokensPerSecond": 900.0, "trainedTokens": 12345, "etaSeconds": eta}
+                                             "tokensPerSecond": speed, "trainedTokens": 9000, "etaSeconds": eta}

@@ -35,7 +35,7 @@ def test_a_restart_with_a_new_admin_token_retires_the_old_one(tmp_path):
 def test_the_cli_lists_and_revokes_tokens(tmp_path, capsys):
     with Server(tmp_path / "data", local_ray=False) as api:
         base = ["--url", api.url, "--token", ADMIN]
-        assert cli.main([*base, "tokens", "create", "bob"]) == 0
+        assert cli.main([*base, "-o", "json", "tokens", "create", "bob"]) == 0
         token_id = json.loads(capsys.readouterr().out)["id"]
         assert cli.main([*base, "tokens", "list", "bob"]) == 0
         assert token_id in capsys.readouterr().out

@@ -275,3 +275,22 @@ def test_a_layout_that_fits_only_offloaded_but_over_budget_is_rejected_for_the_b
     single = str(refused.value).split("single: ")[1].split(";")[0]
     assert single.startswith("no layout within the $5.00 budget (the cheapest, single on 1 GPU")
     assert "CPU offload" in single and "costs $" in single
+
+
+@pytest.mark.parametrize(("source", "entry"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B"),
+    ("hf://meta-llama/Meta-Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B"),
+    ("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-1B"),
+    ("mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-v0.1"),
+    ("mistralai/Mistral-7B-Instruct-v0.3", "mistralai/Mistral-7B-v0.3"),
+    ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+    ("google/gemma-2-9b-it", "google/gemma-2-9b"),
+    ("microsoft/Phi-3-mini-4k-instruct", "microsoft/Phi-3-mini-4k-instruct"),
+])
+def test_instruct_variants_and_common_hub_ids_resolve(source, entry):
+    assert lookup(source) is CATALOG[entry]
+
+
+@pytest.mark.parametrize("source", ["meta-llama/Llama-3.1-9B", "/models/Llama-3.1-8B-Instruct", "someone/it"])
+def test_what_is_not_a_catalog_model_is_not_taken_for_one(source):
+    assert lookup(source) is None

@@ -88,6 +88,9 @@ class Backend(Protocol):
     def logs(self, job: Job, lines: int) -> list[str]:
         """The last `lines` lines the run printed (empty before it starts)."""
 
+    def forget(self, job: Job) -> None:
+        """Remove what this backend keeps of a finished job, before its row is deleted (raising keeps the job)."""
+
 
 def make_backend(settings: Settings, engine: Engine) -> Backend:
     if settings.backend == "kubernetes":

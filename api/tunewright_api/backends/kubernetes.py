@@ -216,6 +216,13 @@ class KubernetesBackend:
             session.add(job)
             session.commit()
 
+    def forget(self, job: Job) -> None:
+        """Its FineTuneJob, if it is still there (the operator's finalizer cleans up what it made; its volume's
+        checkpoints and export stay: the claim is the tenant's)."""
+        where = job.cluster or {}
+        if where:
+            self.cluster.delete("FineTuneJob", where["namespace"], where["name"])
+
     def logs(self, job: Job, lines: int) -> list[str]:
         """The Ray driver's output, from the head pod of the job's Ray cluster."""
         where = job.cluster or {}
@@ -286,6 +293,8 @@ class KubernetesBackend:
             return
         seen = observed(ftj)
         spec = ftj.get("spec") or {}
+        if job is None and meta.get("deletionTimestamp"):
+            return  # going away (its job was deleted, or kubectl deleted it before the API saw it)
         if job is None:
             by_api = (meta.get("labels") or {}).get("app.kubernetes.io/managed-by") == MANAGED_BY[
                 "app.kubernetes.io/managed-by"]

@@ -182,6 +182,15 @@ class LocalBackend:
         except OSError:
             return []
 
+    def forget(self, job: Job) -> None:
+        """The run's folder: its config, log, checkpoints (unless stored elsewhere) and export."""
+        run_dir = self.run_dir(job)
+        if run_dir.is_dir():
+            # renamed first: a half-removed folder never sits under the job's name
+            doomed = run_dir.with_name(f".{run_dir.name}.deleting")
+            run_dir.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
     def tick(self) -> None:
         with self._lock, Session(self.engine) as session:
             running = session.exec(select(Job).where(Job.status == "running")).all()
@@ -238,15 +247,19 @@ class LocalBackend:
         result_file = run_dir / "output" / "result.json"
         if result_file.exists() and code in (0, None):
             # a diverged run writes NaN, which SQL JSON columns refuse: kept as null
-            job.result = json.loads(result_file.read_text(), parse_constant=lambda _: None)
+            job.result = {**json.loads(result_file.read_text(), parse_constant=lambda _: None),
+                          "result_files": (job.result or {}).get("result_files", [])}  # made by the API
             job.status = transition(job.status, "succeeded")
             add_event(session, job, "succeeded")
         else:
             reason = (f"the run exited with code {code}" if code is not None
                       else "the run's process is gone (the API restarted while it ran) and it left no result")
+            tail = self.logs(job, LOG_TAIL_LINES)
+            # the runtime's last word on why (one line), else how it ended; the log's tail is in the event
+            said = next((line.removeprefix("error: ") for line in reversed(tail) if line.startswith("error: ")), None)
             job.status = transition(job.status, "failed")
-            job.error_code, job.error_message = "run_failed", f"{reason}. Last log lines:\n" + "\n".join(self.logs(job, LOG_TAIL_LINES))
-            add_event(session, job, job.error_message, level="error")
+            job.error_code, job.error_message = "run_failed", f"{said} ({reason})" if said else reason
+            add_event(session, job, f"{job.error_message}. Last log lines:\n" + "\n".join(tail), level="error")
         job.finished_at, job.pid = now(), None
         session.add(job)
 

@@ -2,12 +2,11 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Form, Request, UploadFile
+from fastapi import APIRouter, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
-from sqlmodel import select
 
 from tunewright_api.auth import CurrentTenant, SessionDep
-from tunewright_api.models import FilePublic, ListEnvelope, StoredFile
+from tunewright_api.models import FilePublic, ListEnvelope
 from tunewright_api.routes.links import links_from
 from tunewright_api.services import files
 
@@ -27,10 +26,14 @@ def upload(request: Request, session: SessionDep, tenant: CurrentTenant, file: U
 
 
 @router.get("")
-def list_files(session: SessionDep, tenant: CurrentTenant) -> ListEnvelope:
-    stored = session.exec(select(StoredFile).where(StoredFile.tenant_id == tenant.id)
-                          .order_by(StoredFile.created_at.desc())).all()
-    return ListEnvelope(data=[FilePublic.of(f) for f in stored])
+def list_files(session: SessionDep, tenant: CurrentTenant, purpose: str | None = None,
+               sha256: Annotated[str | None, Query(pattern=r"^[0-9a-fA-F]{64}$")] = None, after: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=10000)] = 10000) -> ListEnvelope:
+    """Newest first (OpenAI's defaults); `after` a file id: the page of older ones; `sha256`: the uploads of
+    exactly these bytes (a client finds what it already uploaded)."""
+    page, more = files.page_of_files(session=session, tenant=tenant, purpose=purpose, sha256=sha256, after=after,
+                                     limit=limit)
+    return ListEnvelope(data=[FilePublic.of(f) for f in page], has_more=more)
 
 
 @router.get("/{file_id}")
@@ -41,7 +44,8 @@ def get_file(file_id: str, session: SessionDep, tenant: CurrentTenant) -> FilePu
 @router.get("/{file_id}/content")
 def file_content(file_id: str, session: SessionDep, tenant: CurrentTenant) -> FileResponse:
     f = files.owned_file(session=session, tenant=tenant, file_id=file_id)
-    return FileResponse(f.path, media_type="application/jsonl", filename=f.filename)
+    return FileResponse(f.path, media_type="text/csv" if f.format == "csv" else "application/jsonl",
+                        filename=f.filename)
 
 
 @router.delete("/{file_id}")

@@ -117,6 +117,13 @@ class TunewrightExtras(BaseModel):
     telemetry: JobTelemetry
 
 
+def fine_tuned_model_name(job: Job) -> str:
+    """OpenAI's shape (ft:base:suffix:id), a name and not a path: the files are at GET /v1/jobs/{id}/artifacts
+    (`tunewright download` takes this name or the job id)."""
+    base = job.model.rstrip("/").rsplit("/", 1)[-1]
+    return ":".join(["ft", base, *([job.suffix] if job.suffix else []), job.id])
+
+
 def openai_job(job: Job) -> dict:
     spec = job.spec
     hp = spec.get("hyperparameters", {})
@@ -130,8 +137,8 @@ def openai_job(job: Job) -> dict:
         "object": "fine_tuning.job", "id": job.id, "model": job.model, "status": job.status,
         "created_at": int(job.created_at.timestamp()),
         "finished_at": int(job.finished_at.timestamp()) if job.finished_at else None,
-        "fine_tuned_model": export.get("merged") or export.get("adapter") or export.get("model"),
-        "organization_id": job.tenant_id, "result_files": [],
+        "fine_tuned_model": fine_tuned_model_name(job) if any(export.values()) else None,
+        "organization_id": job.tenant_id, "result_files": (job.result or {}).get("result_files", []),
         "training_file": spec["dataset"]["train"], "validation_file": spec["dataset"].get("validation"),
         "hyperparameters": hyperparameters,
         "method": {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},

@@ -3,12 +3,14 @@
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
 
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.models import JobPublic, ListEnvelope
 from tunewright_api.routes.links import links_from
-from tunewright_api.services import jobs
+from tunewright_api.services import artifacts, jobs
+from tunewright_api.states import JobStatus
 from tunewright_operator.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -26,8 +28,9 @@ def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, 
 
 @router.get("")
 def list_jobs(session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-              limit: Annotated[int, Query(ge=1, le=100)] = 20) -> ListEnvelope:
-    page, more = jobs.page_of_jobs(session=session, tenant=tenant, after=after, limit=limit)
+              limit: Annotated[int, Query(ge=1, le=100)] = 20, status: JobStatus | None = None) -> ListEnvelope:
+    """Newest first; `status` narrows to jobs in that state."""
+    page, more = jobs.page_of_jobs(session=session, tenant=tenant, after=after, limit=limit, status=status)
     return ListEnvelope(data=[JobPublic.of(j) for j in page], has_more=more)
 
 
@@ -39,6 +42,14 @@ def get_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPubli
 @router.post("/{job_id}/cancel")
 def cancel_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> JobPublic:
     return JobPublic.of(jobs.cancel(session=session, backend=backend, tenant=tenant, job_id=job_id, param="job_id"))
+
+
+@router.delete("/{job_id}")
+def delete_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> dict:
+    """A finished job and everything kept for it here (its records, run folder, checkpoints and export);
+    its results file stays among the tenant's files."""
+    jobs.delete(session=session, backend=backend, tenant=tenant, job_id=job_id)
+    return {"id": job_id, "object": "tunewright.job", "deleted": True}
 
 
 @router.get("/{job_id}/events")
@@ -65,3 +76,15 @@ def job_logs(job_id: str, session: SessionDep, backend: BackendDep, tenant: Curr
              lines: Annotated[int, Query(ge=1, le=10000)] = 200) -> ListEnvelope:
     """The last `lines` lines the run printed, oldest first."""
     return jobs.log_lines(session=session, backend=backend, tenant=tenant, job_id=job_id, lines=lines)
+
+
+@router.get("/{job_id}/artifacts")
+def job_artifacts(job_id: str, session: SessionDep, tenant: CurrentTenant) -> ListEnvelope:
+    """The files the job exported (adapter, merged or full model), by path; each is served by the route below."""
+    return ListEnvelope(data=artifacts.listing(jobs.owned_job(session=session, tenant=tenant, job_id=job_id)))
+
+
+@router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse)
+def job_artifact(job_id: str, path: str, session: SessionDep, tenant: CurrentTenant) -> FileResponse:
+    found = artifacts.artifact_file(jobs.owned_job(session=session, tenant=tenant, job_id=job_id), path)
+    return FileResponse(found, media_type="application/octet-stream", filename=found.name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal
 
 from fastapi import APIRouter
@@ -13,8 +14,10 @@ from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, ListEnvelope
 from tunewright_api.routes.links import links_from
+from tunewright_api.services import jobs
 from tunewright_api.services.plans import check_model_source, plan_on, pool_of, profile_for
 from tunewright_operator.planner.hardware import GPUS, LINKS
+from tunewright_operator.planner.jobs import dataset_tokens_of
 from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
 
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
@@ -80,7 +83,7 @@ class PlanResponse(BaseModel):
 
 @router.post("/plans")
 def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, settings: SettingsDep,
-              _: CurrentTenant) -> PlanResponse:
+              tenant: CurrentTenant) -> PlanResponse:
     """Dry run: the plan, its predictions, and the alternatives rejected with their reasons."""
     described = session.get(GpuPool, body.pool)
     pool = pool_of(described) if described else backend.pool(body.pool)
@@ -91,7 +94,14 @@ def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, setti
         raise ApiError(422, f"no GPU pool {body.pool}{hint}", "pool", "unknown_pool")
     check_model_source(body.spec.model.source, settings.model_roots, param="spec.model.source")
     profile = profile_for(body.spec.model.source, param="spec.model.source")
-    chosen = plan_on(spec=body.spec, profile=profile, pool=pool, dataset_tokens=body.dataset_tokens,
-                     spec_param="spec")
+    dataset_tokens = body.dataset_tokens
+    if dataset_tokens is None and body.spec.hyperparameters.max_steps is None and body.spec.dataset.train:
+        # epochs: an uploaded file's size says about how many tokens one takes (a dry run may name a file
+        # that is not uploaded yet: then the planner asks for datasetTokens)
+        with contextlib.suppress(ApiError):
+            train = jobs.dataset_file(session=session, tenant=tenant, value=body.spec.dataset.train,
+                                      param="spec.dataset.train")
+            dataset_tokens = dataset_tokens_of(train.bytes)
+    chosen = plan_on(spec=body.spec, profile=profile, pool=pool, dataset_tokens=dataset_tokens, spec_param="spec")
     return PlanResponse(pool=body.pool, model={"name": profile.name, "parameters": profile.params,
                                                     "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)

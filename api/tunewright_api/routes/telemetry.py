@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import FileResponse
 
 from tunewright_api.auth import SessionDep, bearer_token
@@ -19,12 +19,12 @@ router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
 
 
 @router.post("/{job_id}/telemetry")
-def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep,
+def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep, request: Request,
            authorization: Annotated[str | None, Header()] = None) -> TelemetryReceipt:
     """Applies the records it accepts; says which it refused and why (the runtime logs them)."""
     job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization))
     accepted, rejected = parse_records(batch.records)
-    telemetry.ingest(session=session, job=job, records=accepted)
+    telemetry.ingest(session=session, job=job, records=accepted, data_dir=request.app.state.settings.data_dir)
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])
 
 

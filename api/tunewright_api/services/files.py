@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -19,11 +20,27 @@ from tunewright_api.states import TERMINAL
 PURPOSES = {"fine-tune"}
 
 
-def owned_file(*, session: Session, tenant: Tenant, file_id: str) -> StoredFile:
+def owned_file(*, session: Session, tenant: Tenant, file_id: str, param: str = "file_id") -> StoredFile:
     f = session.get(StoredFile, file_id)
     if f is None or f.tenant_id != tenant.id:  # another tenant's file does not exist for you
-        raise ApiError(404, f"no file {file_id}", "file_id", "not_found")
+        raise ApiError(404, f"no file {file_id}", param, "not_found")
     return f
+
+
+def page_of_files(*, session: Session, tenant: Tenant, purpose: str | None, sha256: str | None, after: str | None,
+                  limit: int) -> tuple[list[StoredFile], bool]:
+    query = select(StoredFile).where(StoredFile.tenant_id == tenant.id)
+    if purpose is not None:
+        query = query.where(StoredFile.purpose == purpose)
+    if sha256 is not None:
+        query = query.where(StoredFile.sha256 == sha256.lower())
+    if after is not None:
+        anchor = owned_file(session=session, tenant=tenant, file_id=after, param="after")
+        query = query.where((StoredFile.created_at < anchor.created_at)
+                            | ((StoredFile.created_at == anchor.created_at) & (StoredFile.id < anchor.id)))
+    page = list(session.exec(query.order_by(StoredFile.created_at.desc(), StoredFile.id.desc())
+                             .limit(limit + 1)).all())
+    return page[:limit], len(page) > limit
 
 
 def validate_dataset(path: Path) -> dict:
@@ -48,7 +65,7 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
     folder.mkdir(parents=True, exist_ok=True)
     partial, final = folder / f"{file_id}.partial", folder / f"{file_id}.jsonl"
     try:
-        size = 0
+        size, digest = 0, hashlib.sha256()
         # owner-only: a tenant's data is no other local user's to read
         with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
             while chunk := content.read(1 << 20):
@@ -56,6 +73,7 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
                 if size > max_bytes:
                     raise ApiError(413, f"file larger than {max_bytes} bytes", "file", "too_large")
                 out.write(chunk)
+                digest.update(chunk)
         checked = validate_dataset(partial)
         if "errors" in checked:
             name = filename or "upload"
@@ -67,7 +85,8 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
     finally:
         partial.unlink(missing_ok=True)  # refused, failed or moved: no .partial stays behind
     stored = StoredFile(id=file_id, tenant_id=tenant_id, filename=filename or "upload.jsonl", purpose=purpose,
-                        bytes=size, format=checked["format"], examples=checked["examples"], path=str(final))
+                        bytes=size, format=checked["format"], examples=checked["examples"], path=str(final),
+                        sha256=digest.hexdigest())
     try:
         session.add(stored)
         session.commit()

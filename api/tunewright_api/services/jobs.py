@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from sqlmodel import Session, select
+from sqlmodel import delete as sql_delete
 
 from tunewright_api.auth import hash_token, new_token
 from tunewright_api.backends import AlreadyFinished, Backend
@@ -78,9 +79,12 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
     return job
 
 
-def page_of_jobs(*, session: Session, tenant: Tenant, after: str | None, limit: int) -> tuple[list[Job], bool]:
+def page_of_jobs(*, session: Session, tenant: Tenant, after: str | None, limit: int,
+                 status: str | None = None) -> tuple[list[Job], bool]:
     """Newest first; `after` is the id of the last job of the previous page."""
     query = select(Job).where(Job.tenant_id == tenant.id).order_by(Job.created_at.desc(), Job.id.desc())
+    if status is not None:
+        query = query.where(Job.status == status)
     if after is not None:
         anchor = owned_job(session=session, tenant=tenant, job_id=after, param="after")
         query = query.where((Job.created_at < anchor.created_at)
@@ -101,6 +105,19 @@ def cancel(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, p
         raise ApiError(finished_status, f"job {job_id} already {finished}", param, "already_finished") from None
     session.refresh(job)
     return job
+
+
+def delete(*, session: Session, backend: Backend, tenant: Tenant, job_id: str) -> None:
+    """A finished job, its records, and what its backend kept for it; a job still queued or running is
+    refused (cancel it first: deleting must never leave a run going unseen)."""
+    job = owned_job(session=session, tenant=tenant, job_id=job_id)
+    if job.status not in TERMINAL:
+        raise ApiError(409, f"job {job_id} is {job.status}: cancel it first", "job_id", "not_finished")
+    backend.forget(job)
+    for table in (JobEvent, MetricPoint, Checkpoint):
+        session.exec(sql_delete(table).where(table.job_id == job.id))
+    session.delete(job)
+    session.commit()
 
 
 def cursor(value: str | None, prefix: str, param: str = "after") -> int | None:

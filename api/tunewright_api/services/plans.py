@@ -41,6 +41,9 @@ def check_model_source(source: str, roots: list[Path] | None, *, param: str) -> 
         where = ", ".join(map(str, allowed)) if allowed else "no local path (set TUNEWRIGHT_MODEL_ROOTS)"
         raise ApiError(422, f"{source!r} is not where this server reads models from (allowed: {where})", param,
                        "model_path_not_allowed")
+    if not (path / "config.json").is_file():  # said now, not as a traceback from the run a minute later
+        raise ApiError(422, f"{source!r}: no model there (a model is a folder with a config.json; a hub model is "
+                            "named org/name)", param, "model_not_found")
 
 
 def profile_for(source: str, *, param: str) -> ModelProfile:

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import csv
 import hmac
+import io
+import os
+from pathlib import Path
 
 from sqlmodel import Session, delete, func, select
 
 from tunewright_api.auth import hash_token
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Checkpoint, Job, JobEvent, MetricPoint, StoredFile, add_event
+from tunewright_api.models import (
+    Checkpoint,
+    Job,
+    JobEvent,
+    MetricPoint,
+    StoredFile,
+    add_event,
+    results_file_id,
+)
 from tunewright_api.states import TERMINAL
 from tunewright_api.telemetry import (
     CheckpointRecord,
@@ -47,13 +59,17 @@ def dataset_of(*, session: Session, job: Job, file_id: str) -> StoredFile:
     return stored
 
 
-def ingest(*, session: Session, job: Job, records: list[TelemetryRecord]) -> None:
-    """Apply a batch in one transaction: progress, metric points, events, checkpoints."""
+def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path) -> None:
+    """Apply a batch in one transaction: progress, metric points, events, checkpoints; at the end, the
+    results file (OpenAI's `result_files`)."""
     for record in records:
         apply(session, job, record)
     session.add(job)
     session.flush()
     keep_within_caps(session, job)
+    if any(isinstance(record, EndRecord) for record in records):
+        results = write_results_file(session=session, job=job, data_dir=data_dir)
+        job.result = {**job.result, "result_files": [results.id]}
     session.commit()
 
 
@@ -130,3 +146,39 @@ def register_checkpoint(session: Session, job: Job, record: CheckpointRecord) ->
     session.exec(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step.not_in(newest)))
     add_event(session, job, f"checkpoint at step {record.step}: {record.uri}", type_="metrics",
               data={"step": record.step, "train_loss": record.train_loss})
+
+
+RESULT_COLUMNS = ("step", "train_loss", "valid_loss", "valid_token_accuracy", "learning_rate", "tokens_per_second")
+
+
+def write_results_file(*, session: Session, job: Job, data_dir: Path) -> StoredFile:
+    """The job's metrics as a CSV file of its tenant's (OpenAI's results file): one row per kept step, with the
+    validation figures at the steps that were evaluated. Written whole, then moved into place; one per job."""
+    rows = {p.step: {"step": p.step, "train_loss": p.data.get("loss"), "learning_rate": p.data.get("learning_rate"),
+                     "tokens_per_second": p.data.get("tokens_per_second")}
+            for p in session.exec(select(MetricPoint).where(MetricPoint.job_id == job.id)).all()}
+    evaluations = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics",
+                                                      JobEvent.message.startswith("evaluation at step"))).all()
+    for event in evaluations:
+        data = event.data or {}
+        if isinstance(data.get("step"), int) and "val_loss" in data:
+            rows.setdefault(data["step"], {"step": data["step"]}).update(
+                valid_loss=data["val_loss"], valid_token_accuracy=data.get("val_token_accuracy"))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=RESULT_COLUMNS, restval="", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows[step] for step in sorted(rows))
+    content = text.getvalue().encode()
+    folder = (data_dir / "files" / job.tenant_id).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    file_id = results_file_id(job)
+    final, partial = folder / f"{file_id}.csv", folder / f"{file_id}.csv.partial"
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+        out.write(content)
+    partial.replace(final)
+    stored = session.get(StoredFile, file_id) or StoredFile(id=file_id, tenant_id=job.tenant_id, path=str(final),
+                                                            filename=f"{job.id}-results.csv", bytes=0, format="csv",
+                                                            examples=0, purpose="fine-tune-results")
+    stored.bytes, stored.examples = len(content), len(rows)
+    session.add(stored)
+    return stored

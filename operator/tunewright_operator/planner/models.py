@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -140,6 +141,7 @@ CATALOG: dict[str, ModelProfile] = {p.name: p for p in [
     _llama("Qwen/Qwen2.5-32B", 64, 5120, 40, 8, 27648, 152064, model_type="qwen2"),
     _llama("Qwen/Qwen2.5-72B", 80, 8192, 64, 8, 29568, 152064, model_type="qwen2"),
     _llama("mistralai/Mistral-7B-v0.3", 32, 4096, 32, 8, 14336, 32768, model_type="mistral"),
+    _llama("mistralai/Mistral-7B-v0.1", 32, 4096, 32, 8, 14336, 32000, model_type="mistral"),
     _llama("google/gemma-2-2b", 26, 2304, 8, 4, 9216, 256000, tied=True, head_dim=256, model_type="gemma2"),
     _llama("google/gemma-2-9b", 42, 3584, 16, 8, 14336, 256000, tied=True, head_dim=256, model_type="gemma2"),
     _llama("google/gemma-2-27b", 46, 4608, 32, 16, 36864, 256000, tied=True, head_dim=128, model_type="gemma2"),
@@ -156,5 +158,14 @@ def lookup(source: str) -> ModelProfile | None:
     key = source.removeprefix("hf://").rstrip("/")
     if key in CATALOG:
         return CATALOG[key]
-    by_name = {k.lower(): v for k, v in CATALOG.items()} | {k.split("/")[-1].lower(): v for k, v in CATALOG.items()}
-    return by_name.get(key.lower()) or by_name.get(key.split("/")[-1].lower())
+    by_name = {k.lower(): v for k, v in CATALOG.items()} | {base_name(k): v for k, v in CATALOG.items()}
+    return by_name.get(key.lower()) or by_name.get(base_name(key))
+
+
+# An instruct or chat variant has its base model's shapes: Llama-3.1-8B-Instruct, Mistral-7B-Instruct-v0.3,
+# gemma-2-9b-it, Qwen2.5-7B-Instruct, Meta-Llama-3.1-8B (the older name).
+_VARIANT = re.compile(r"-(instruct|chat|it)(?=-|$)", re.IGNORECASE)
+
+
+def base_name(hub_id: str) -> str:
+    return _VARIANT.sub("", hub_id.split("/")[-1]).lower().removeprefix("meta-")

@@ -1,0 +1,439 @@
+"""`tunewright`: the command line. Everything but `serve` talks to the REST API.
+
+  tunewright serve                                   the API on this machine (SQLite, local backend)
+  tunewright submit job.yaml [--watch]               upload local data, submit, print the job (or watch it)
+  tunewright jobs [--status S] | get | watch | logs [-f] | events [--all] | metrics | checkpoints JOB
+  tunewright cancel | delete | download JOB          stop, forget, fetch the trained adapter or model
+  tunewright files upload|list|get|delete            datasets
+  tunewright plan job.yaml --pool NAME               dry run on a GPU pool: plan, predictions, rejected options
+  tunewright pools list|get|create                   GPU pools the planner plans on
+  tunewright tokens create|list|revoke               API tokens (admin)
+  tunewright completion bash                         shell completion: source <(tunewright completion bash)
+
+The API and token: --url / TUNEWRIGHT_URL (default http://127.0.0.1:8000), --token / TUNEWRIGHT_TOKEN.
+Output: tables for people; -o json or -o yaml for programs. Exit codes: 0 done; 1 refused by the API, or the
+job watched did not succeed; 2 the command line is wrong; 3 the API cannot be reached or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import yaml
+
+from tunewright_api.cli import render
+from tunewright_api.cli.client import OK, REFUSED, USAGE, Client, RequestFailed
+from tunewright_operator.planner.hardware import GPUS, LINKS
+
+__all__ = ["Client", "RequestFailed", "main", "watch"]
+
+
+def spec_from_args(args) -> dict:
+    """The job spec: a file (a FineTuneJob manifest or its spec, YAML or JSON), or the flags; flags given with a
+    file override it."""
+    spec: dict = {}
+    if getattr(args, "spec", None):
+        try:
+            spec = yaml.safe_load(Path(args.spec).read_text())
+        except (OSError, yaml.YAMLError) as err:
+            raise RequestFailed(f"{args.spec}: {err}".splitlines()[0], 422) from None
+        if isinstance(spec, dict) and spec.get("kind") == "FineTuneJob":  # a whole manifest: take its spec
+            spec = spec.get("spec") or {}
+        if not isinstance(spec, dict):
+            raise RequestFailed(f"{args.spec}: not a FineTuneJob spec (a mapping of model, method, dataset...)", 422)
+    elif not (args.model and args.train):
+        raise SystemExit(f"tunewright {args.command}: give a spec file (see examples/), or at least --model and "
+                         "--train")
+    flags = {("model", "source"): args.model, ("method", "type"): args.method,
+             ("dataset", "train"): args.train, ("dataset", "validation"): args.validation,
+             ("dataset", "format"): args.format, ("hyperparameters", "epochs"): args.epochs,
+             ("hyperparameters", "maxSteps"): args.max_steps, ("hyperparameters", "learningRate"): args.learning_rate,
+             ("hyperparameters", "globalBatchSize"): args.batch_size, ("hyperparameters", "seqLen"): args.seq_len,
+             ("resources", "strategy"): args.strategy}
+    for (section, key), value in flags.items():
+        if value is not None:
+            spec.setdefault(section, {})[key] = value
+    return spec
+
+
+def watch(client: Client, job_id: str, out=None, poll: float = 1.0) -> dict:
+    """Progress until the job ends; the job as it ended."""
+    out = out or sys.stdout  # looked up per call: stdout can be replaced (tests, redirection)
+    interactive = out.isatty()
+    last = ""
+    while True:
+        job = client.request("GET", f"/v1/jobs/{job_id}")
+        line = render.progress_line(job)
+        if line != last:
+            out.write(("\r" + line.ljust(120)) if interactive else line + "\n")
+            out.flush()
+            last = line
+        if render.is_finished(job):
+            if interactive:
+                out.write("\n")
+            return job
+        time.sleep(poll)
+
+
+def ended(job: dict) -> int:
+    """How a watched job ended, for the exit code; why, on stderr, when it did not succeed."""
+    if job["status"] == "succeeded":
+        return OK
+    why = (job.get("error") or {}).get("message") or job["status"]
+    print(f"error: job {job['id']} {job['status']}: {why.splitlines()[0]}\n"
+          f"       the run's output: tunewright logs {job['id']}", file=sys.stderr)
+    return REFUSED
+
+
+def follow_logs(client: Client, job_id: str, lines: int, poll: float = 1.0) -> None:
+    """The last `lines` lines, then new ones as the run prints them, until the job ends."""
+    shown: list[str] = []
+    while True:
+        finished = render.is_finished(client.request("GET", f"/v1/jobs/{job_id}"))
+        latest = client.request("GET", f"/v1/jobs/{job_id}/logs", params={"lines": 10000 if shown else lines})["data"]
+        # the new lines are those after the longest overlap of what was shown with the start of the latest
+        overlap = next((k for k in range(min(len(shown), len(latest)), 0, -1) if shown[-k:] == latest[:k]), 0)
+        for line in latest[overlap:] if shown else latest:
+            print(line, flush=True)
+        shown = (shown + latest[overlap:])[-10000:] if shown else latest
+        if finished:
+            return
+        time.sleep(poll)
+
+
+def download(client: Client, job_id: str, into: Path) -> Path:
+    """Every file the job exported, into `into`, each written whole before it takes its name."""
+    listed = client.request("GET", f"/v1/jobs/{job_id}/artifacts")["data"]
+    for item in listed:
+        target = into / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        with client.http.stream("GET", f"/v1/jobs/{job_id}/artifacts/{item['path']}") as response:
+            if response.status_code >= 400:
+                response.read()
+                client.send("GET", f"/v1/jobs/{job_id}/artifacts/{item['path']}")  # raises with the API's words
+            with partial.open("wb") as out:
+                for chunk in response.iter_bytes(1 << 20):
+                    out.write(chunk)
+        partial.replace(target)
+    return into
+
+
+def job_id_of(value: str) -> str:
+    """A job id, or an OpenAI fine-tuned model name (ft:base[:suffix]:ftjob-...) whose last part is one."""
+    return value.rsplit(":", 1)[-1] if value.startswith("ft:") else value
+
+
+def serve(args) -> int:
+    import secrets
+
+    import uvicorn
+
+    from tunewright_api.main import create_app
+    from tunewright_api.settings import Settings
+
+    settings = Settings()
+    if os.environ.get("TMPDIR"):  # uploads spool there (the chart points it at the data volume): it must exist
+        Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    if not settings.admin_token:
+        token_file = settings.data_dir / "admin.token"
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        if not token_file.exists():
+            token_file.touch(mode=0o600)
+            token_file.write_text("tw-" + secrets.token_urlsafe(32))
+        settings.admin_token = token_file.read_text().strip()
+        print(f"admin token in {token_file} (export TUNEWRIGHT_TOKEN=$(cat {token_file}))", flush=True)
+    settings.public_url = settings.public_url if "TUNEWRIGHT_PUBLIC_URL" in os.environ else \
+        f"http://{args.host}:{args.port}"
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    return OK
+
+
+def completion_script(parser: argparse.ArgumentParser) -> str:
+    """bash completion of commands, their actions and options, read from the parser itself."""
+    commands = parser._subparsers._group_actions[0].choices  # noqa: SLF001 (argparse keeps them only here)
+    cases = []
+    for name, sub in commands.items():
+        words = [o for a in sub._actions for o in a.option_strings]  # noqa: SLF001
+        words += [c for a in sub._actions if a.choices and not a.option_strings for c in a.choices]  # noqa: SLF001
+        cases.append(f"    {name}) words=\"{' '.join(sorted(set(words)))}\" ;;")
+    return "\n".join([
+        "# tunewright bash completion: source <(tunewright completion bash)",
+        "_tunewright() {",
+        "  local cur=${COMP_WORDS[COMP_CWORD]} words",
+        "  if [ \"$COMP_CWORD\" -eq 1 ]; then",
+        f"    words=\"{' '.join(commands)} --url --token --output --version --help\"",
+        "  else",
+        "    case ${COMP_WORDS[1]} in",
+        *cases,
+        "    esac",
+        "  fi",
+        "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))",
+        "  if [ ${#COMPREPLY[@]} -eq 0 ]; then COMPREPLY=($(compgen -f -- \"$cur\")); fi",
+        "}",
+        "complete -F _tunewright tunewright",
+    ])
+
+
+def spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", help="a FineTuneJob manifest or its spec (YAML or JSON); see examples/")
+    p.add_argument("--model", help="model.source: a catalog or hub name (org/name), a local folder, pvc://claim/path")
+    p.add_argument("--train", help="dataset.train: a local JSONL file (uploaded once) or an uploaded file id")
+    p.add_argument("--validation", help="dataset.validation: as --train")
+    p.add_argument("--format", choices=["chat", "prompt_completion", "text"], help="dataset.format (default chat)")
+    p.add_argument("--method", choices=["lora", "full"], help="method.type (default lora)")
+    p.add_argument("--epochs", type=int, help="hyperparameters.epochs")
+    p.add_argument("--max-steps", type=int, help="hyperparameters.maxSteps (overrides epochs)")
+    p.add_argument("--learning-rate", type=float, help="hyperparameters.learningRate")
+    p.add_argument("--batch-size", type=int, help="hyperparameters.globalBatchSize (sequences per optimizer step)")
+    p.add_argument("--seq-len", type=int, help="hyperparameters.seqLen (tokens per packed sequence)")
+    p.add_argument("--strategy", choices=["auto", "single", "ddp", "fsdp", "hsdp"],
+                   help="resources.strategy (default auto: the planner picks)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tunewright", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        installed = version("tunewright")
+    except PackageNotFoundError:
+        installed = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"tunewright {installed}")
+    parser.add_argument("--url", default=os.environ.get("TUNEWRIGHT_URL", "http://127.0.0.1:8000"),
+                        help="the API (default: TUNEWRIGHT_URL, else http://127.0.0.1:8000)")
+    parser.add_argument("--token", default=os.environ.get("TUNEWRIGHT_TOKEN"),
+                        help="an API token (default: TUNEWRIGHT_TOKEN)")
+    parser.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
+                        help="table for people (default), json or yaml for programs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the API on this machine")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+
+    p = sub.add_parser("submit", help="submit a job from a spec file or flags")
+    spec_flags(p)
+    p.add_argument("--watch", action="store_true", help="then follow it to the end (exit 1 unless it succeeds)")
+
+    p = sub.add_parser("plan", help="dry run: what tunewright would run on a GPU pool, and why")
+    spec_flags(p)
+    p.add_argument("--pool", required=True, help="a GPU pool (tunewright pools list)")
+    p.add_argument("--dataset-tokens", type=int,
+                   help="tokens in the training set, for epochs (default: estimated from --train's file)")
+
+    p = sub.add_parser("jobs", help="list jobs, newest first")
+    p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"],
+                   help="only jobs in this state")
+    p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    for name, text in (("get", "show a job: status, plan, progress, cost, error, where its model is"),
+                       ("watch", "follow a job's progress until it ends (exit 1 unless it succeeds)"),
+                       ("cancel", "stop a queued or running job"),
+                       ("delete", "forget a finished job: its records, run folder, checkpoints and export"),
+                       ("checkpoints", "a job's committed checkpoints, newest first")):
+        sub.add_parser(name, help=text).add_argument("job_id", metavar="JOB", help="a job id")
+    p = sub.add_parser("logs", help="what a job's run printed")
+    p.add_argument("job_id", metavar="JOB", help="a job id")
+    p.add_argument("-n", "--lines", type=int, default=200, help="the last N lines (default 200)")
+    p.add_argument("-f", "--follow", action="store_true", help="then print new lines until the job ends")
+    p = sub.add_parser("events", help="what happened to a job, oldest first")
+    p.add_argument("job_id", metavar="JOB", help="a job id")
+    p.add_argument("--all", action="store_true", help="every event (default: the newest 100)")
+    p = sub.add_parser("metrics", help="a job's per-step metrics")
+    p.add_argument("job_id", metavar="JOB", help="a job id")
+    p.add_argument("--max-points", type=int, default=500, help="downsampled to at most N points (default 500)")
+    p = sub.add_parser("download", help="fetch the adapter or model a job exported, file by file")
+    p.add_argument("job_id", metavar="JOB", help="a job id, or its fine-tuned model name (ft:...)")
+    p.add_argument("-d", "--dir", type=Path, help="where to put it (default ./JOB)")
+
+    p = sub.add_parser("files", help="datasets: upload, list, get, delete")
+    p.add_argument("action", choices=["upload", "list", "get", "delete"])
+    p.add_argument("target", nargs="*", help="upload: local JSONL files; get, delete: file ids")
+
+    p = sub.add_parser("pools", help="GPU pools the planner plans on: list, get, create (admin)")
+    p.add_argument("action", choices=["list", "get", "create"])
+    p.add_argument("name", nargs="?", help="get, create: the pool's name")
+    p.add_argument("--gpu", choices=list(GPUS), help="create: the GPU model")
+    p.add_argument("--gpus-per-node", type=int, help="create: GPUs in each node")
+    p.add_argument("--max-nodes", type=int, help="create: nodes a job may use")
+    p.add_argument("--intra-node", choices=list(LINKS), help="create: the link between a node's GPUs")
+    p.add_argument("--inter-node", choices=list(LINKS), help="create: the link between nodes (none: one node)")
+    p.add_argument("--price", type=float, help="create: price per GPU-hour in USD")
+
+    p = sub.add_parser("tokens", help="API tokens (admin): create, list, revoke")
+    p.add_argument("action", choices=["create", "list", "revoke"])
+    p.add_argument("name", nargs="?", help="create: the tenant; list: only this tenant's; revoke: the token id")
+    p.add_argument("--admin", action="store_true", help="create: an admin token")
+
+    p = sub.add_parser("completion", help="a shell completion script")
+    p.add_argument("shell", choices=["bash"])
+    return parser
+
+
+def run(args, parser: argparse.ArgumentParser) -> int:
+    client = Client(args.url, args.token)
+    out = args.output
+    command = args.command
+    if command == "submit":
+        job = client.submit(spec_from_args(args))
+        if not args.watch:
+            render.emit(job, out, render.job_text)
+            return OK
+        print(f"submitted {job['id']}: {job['plan']['explanation'] if job.get('plan') else ''}", flush=True)
+        return ended(watch(client, job["id"]))
+    if command == "plan":
+        made: list[str] = []
+        spec = client.with_local_files(spec_from_args(args), made)
+        body = {"spec": spec, "pool": args.pool, **({"datasetTokens": args.dataset_tokens} if args.dataset_tokens
+                                                     else {})}
+        try:
+            answer = client.request("POST", "/v1/plans", json=body)
+        except RequestFailed as err:
+            if err.param and err.param.endswith("maxSteps"):
+                raise RequestFailed(f"{err} (give --dataset-tokens N, --train FILE, or --max-steps N)",
+                                    err.status, err.param) from None
+            raise
+        render.emit(answer, out, render.plan_text)
+    elif command == "jobs":
+        params = {"limit": min(args.limit, 100), **({"status": args.status} if args.status else {})}
+        jobs = client.request("GET", "/v1/jobs", params=params)["data"]
+        render.emit(jobs, out, render.jobs_table, empty="No jobs." + (f" (none {args.status})" if args.status else ""))
+    elif command == "get":
+        render.emit(client.request("GET", f"/v1/jobs/{job_id_of(args.job_id)}"), out, render.job_text)
+    elif command == "watch":
+        return ended(watch(client, job_id_of(args.job_id)))
+    elif command == "cancel":
+        render.emit(client.request("POST", f"/v1/jobs/{args.job_id}/cancel"), out, render.job_text)
+    elif command == "delete":
+        render.emit(client.request("DELETE", f"/v1/jobs/{args.job_id}"), out, lambda d: f"deleted {d['id']}")
+    elif command == "checkpoints":
+        render.emit(client.pages(f"/v1/jobs/{args.job_id}/checkpoints"), out, render.checkpoints_table,
+                    empty="No checkpoints (none committed yet, or the job kept none).")
+    elif command == "logs":
+        if args.follow:
+            follow_logs(client, args.job_id, args.lines)
+        else:
+            lines = client.request("GET", f"/v1/jobs/{args.job_id}/logs", params={"lines": args.lines})["data"]
+            render.emit(lines, out, "\n".join, empty="No output yet (the run has not started).")
+    elif command == "events":
+        if args.all:
+            events = client.pages(f"/v1/jobs/{args.job_id}/events", limit=1000)
+        else:
+            page = client.request("GET", f"/v1/jobs/{args.job_id}/events", params={"limit": 100})
+            events = page["data"]
+            if page.get("has_more") and out == "table":
+                print("(the newest 100; every event: --all)", file=sys.stderr)
+        render.emit(events[::-1], out, render.events_table)
+    elif command == "metrics":
+        points = client.request("GET", f"/v1/jobs/{args.job_id}/metrics",
+                                params={"max_points": args.max_points})["data"]
+        render.emit(points, out, render.metrics_table,
+                    empty=f"No metrics: job {args.job_id} has not finished a step (tunewright get {args.job_id}).")
+    elif command == "download":
+        job_id = job_id_of(args.job_id)
+        into = download(client, job_id, (args.dir or Path(job_id)).resolve())
+        render.emit({"job": job_id, "dir": str(into)}, out, lambda d: d["dir"])
+    elif command == "files":
+        return files_command(client, args, parser)
+    elif command == "pools":
+        return pools_command(client, args, parser)
+    elif command == "tokens":
+        return tokens_command(client, args, parser)
+    return OK
+
+
+def files_command(client: Client, args, parser: argparse.ArgumentParser) -> int:
+    out = args.output
+    if args.action == "list":
+        render.emit(client.request("GET", "/v1/files")["data"], out, render.files_table, empty="No files.")
+        return OK
+    if not args.target:
+        parser.error(f"files {args.action}: needs {'local files' if args.action == 'upload' else 'file ids'}")
+    done = []
+    for target in args.target:
+        if args.action == "upload":
+            if not Path(target).is_file():
+                raise RequestFailed(f"no file {target} here", 422)
+            done.append(client.upload_once(Path(target))[0])
+        elif args.action == "get":
+            done.append(client.request("GET", f"/v1/files/{target}"))
+        else:
+            done.append(client.request("DELETE", f"/v1/files/{target}"))
+    if args.action == "delete":
+        render.emit(done, out, lambda items: "\n".join(f"deleted {d['id']}" for d in items))
+    else:
+        render.emit(done, out, render.files_table)
+    return OK
+
+
+def pools_command(client: Client, args, parser: argparse.ArgumentParser) -> int:
+    if args.action == "list":
+        render.emit(client.request("GET", "/v1/pools")["data"], args.output, render.pools_table)
+        return OK
+    if not args.name:
+        parser.error(f"pools {args.action}: needs the pool's name")
+    if args.action == "get":
+        pool = client.request("GET", f"/v1/pools/{args.name}")
+    else:
+        missing = [flag for flag, value in (("--gpu", args.gpu), ("--gpus-per-node", args.gpus_per_node),
+                                            ("--max-nodes", args.max_nodes), ("--intra-node", args.intra_node),
+                                            ("--price", args.price)) if value is None]
+        if missing:
+            parser.error(f"pools create: needs {', '.join(missing)}")
+        pool = client.request("POST", "/v1/pools", json={
+            "name": args.name, "gpu": args.gpu, "gpusPerNode": args.gpus_per_node, "maxNodes": args.max_nodes,
+            "intraNode": args.intra_node, "interNode": args.inter_node, "pricePerGPUHour": args.price})
+    render.emit(pool, args.output, lambda p: render.pools_table([p]))
+    return OK
+
+
+def tokens_command(client: Client, args, parser: argparse.ArgumentParser) -> int:
+    if args.action == "list":
+        params = {"tenant": args.name} if args.name else {}
+        render.emit(client.request("GET", "/v1/tokens", params=params)["data"], args.output, render.tokens_table,
+                    empty="No tokens.")
+        return OK
+    if not args.name:
+        parser.error(f"tokens {args.action}: needs {'the tenant' if args.action == 'create' else 'the token id'}")
+    if args.action == "revoke":
+        render.emit(client.request("DELETE", f"/v1/tokens/{args.name}"), args.output, lambda d: f"revoked {d['id']}")
+    else:
+        token = client.request("POST", "/v1/tokens", json={"tenant": args.name, "admin": args.admin})
+        render.emit(token, args.output, lambda t: f"{t['token']}\n(tenant {t['tenant']}, id {t['id']}: shown once; "
+                                                  "export TUNEWRIGHT_TOKEN=...)")
+    return OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return serve(args)
+        if args.command == "completion":
+            print(completion_script(parser))
+            code = OK
+        else:
+            code = run(args, parser)
+        sys.stdout.flush()  # inside the try: a reader that left shows here, not at the interpreter's exit
+        return code
+    except RequestFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except BrokenPipeError:  # `tunewright jobs | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return OK
+    except SystemExit as exit_:
+        if isinstance(exit_.code, str):  # a usage problem found after parsing
+            print(f"error: {exit_.code}", file=sys.stderr)
+            return USAGE
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from tunewright_api.cli import main
+
+sys.exit(main())

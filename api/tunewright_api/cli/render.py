@@ -1,0 +1,182 @@
+"""What the CLI prints: tables and summaries for people, JSON or YAML for programs (--output)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import yaml
+
+from tunewright_api.states import TERMINAL
+
+
+def emit(data, output: str, table: Callable[[object], str], empty: str | None = None) -> None:
+    """`data` as JSON, YAML or (for people) the table; an empty list says so on stderr, so pipes get nothing."""
+    if output == "json":
+        print(json.dumps(data, indent=2))
+    elif output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
+    elif empty is not None and not data:
+        print(empty, file=sys.stderr)
+    else:
+        print(table(data))
+
+
+def columns(headers: list[str], rows: list[list[object]]) -> str:
+    cells = [headers] + [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def age(created: str | int | None) -> str:
+    if created is None:
+        return "-"
+    when = datetime.fromtimestamp(created, UTC) if isinstance(created, int) else datetime.fromisoformat(created)
+    seconds = (datetime.now(UTC) - (when if when.tzinfo else when.replace(tzinfo=UTC))).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else (
+        f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s")
+
+
+def plan_cell(plan: dict | None) -> str:
+    if not plan:
+        return "-"
+    where = f"{plan['gpus']} GPU" + ("s" if plan["gpus"] != 1 else "") if plan.get("gpus") else \
+        f"{plan['workers']} CPU worker" + ("s" if plan["workers"] != 1 else "")
+    return f"{plan['strategy']} x {where}"
+
+
+def jobs_table(jobs: list[dict]) -> str:
+    rows = []
+    for job in jobs:
+        p, cost = job["progress"], (job.get("telemetry") or {}).get("costUSD")
+        done = f"{p['step']}/{p['totalSteps']}" if p.get("totalSteps") else str(p.get("step") or 0)
+        if p.get("percent") is not None:
+            done += f" ({p['percent']:.0f}%)"
+        rows.append([job["id"], job["status"], job["model"].rstrip("/").rsplit("/", 1)[-1][:40],
+                     job["spec"]["method"]["type"], plan_cell(job.get("plan")), done,
+                     f"{p['loss']:.4f}" if p.get("loss") is not None else None,
+                     duration(p.get("etaSeconds")) if job["status"] == "running" else None,
+                     f"${cost:,.2f}" if cost is not None else None, age(job["created_at"])])
+    return columns(["ID", "STATUS", "MODEL", "METHOD", "PLAN", "STEP", "LOSS", "ETA", "COST", "AGE"], rows)
+
+
+def job_text(job: dict) -> str:
+    t, plan = job.get("telemetry") or {}, job.get("plan")
+    lines = [f"{job['id']}  {job['status']}", f"model:     {job['model']} ({job['spec']['method']['type']})"]
+    if plan:
+        lines.append(f"plan:      {plan_cell(plan)}, micro-batch {plan['microBatch']} x {plan['gradAccum']}: "
+                     f"{plan['explanation']}")
+    lines.append(f"progress:  {progress_line(job)}")
+    if t.get("costUSD") is not None:
+        lines.append(f"cost:      ${t['costUSD']:,.2f} so far")
+    if job.get("error"):
+        lines.append(f"error:     {job['error']['message']}")
+        lines.append(f"           (the run's output: tunewright logs {job['id']}; what happened: tunewright events "
+                     f"{job['id']})")
+    export = {k: v for k, v in ((job.get("result") or {}).get("export") or {}).items() if v}
+    for name, where in export.items():
+        lines.append(f"{name + ':':10} {where}")
+    if export:
+        lines.append(f"download:  tunewright download {job['id']}")
+    return "\n".join(lines)
+
+
+def progress_line(job: dict) -> str:
+    p = job["progress"]
+    total, step = p.get("totalSteps"), p.get("step") or 0
+    width = 30
+    filled = int(width * step / total) if total else 0
+    bar = "#" * filled + "-" * (width - filled)
+    loss = f"{p['loss']:.4f}" if p.get("loss") is not None else "-"
+    speed = f"{p['tokensPerSecond']:,.0f}" if p.get("tokensPerSecond") else "-"
+    line = f"{job['status']:9} [{bar}] step {step}/{total or '?'}  loss {loss}  tokens/s {speed}"
+    if job["status"] == "running":
+        line += f"  ETA {duration(p.get('etaSeconds'))}"
+    measured = job.get("telemetry") or {}
+    if measured.get("mfu") is not None:
+        line += f"  MFU {measured['mfu']:.0%}"
+    if measured.get("commShare") is not None:
+        line += f"  comm {measured['commShare']:.0%} ({measured['commShareExposed']:.0%} exposed)"
+    return line
+
+
+def plan_text(answer: dict) -> str:
+    plan, p = answer["plan"], answer["plan"]["predicted"]
+    lines = [f"{answer['model']['name']} ({answer['model']['parameters'] / 1e9:.2f}B) on pool {answer['pool']}",
+             f"plan:      {plan['strategy']} on {plan['gpus']} GPUs ({plan['nodes']} node(s)), micro-batch "
+             f"{plan['microBatch']} x {plan['gradAccum']}"
+             f"{', activation checkpointing' if plan['activationCheckpointing'] else ''}"
+             f"{', CPU offload' if plan['cpuOffload'] else ''}",
+             f"predicted: {p['peakMemoryGiB']:.1f} GiB/GPU, step {p['stepSeconds']:.3f} s, "
+             f"{p['tokensPerSecond']:,.0f} tokens/s, MFU {p['mfu']:.0%}, communication {p['commShare']:.0%} "
+             f"({p['exposedCommShare']:.0%} exposed), {p['durationSeconds'] / 3600:.2f} h, ${p['costUSD']:,.2f}",
+             f"why:       {plan['explanation']}"]
+    lines += [f"rejected:  {r['strategy']}: {r['reason']}" for r in plan["rejected"]]
+    return "\n".join(lines)
+
+
+def files_table(files: list[dict]) -> str:
+    return columns(["ID", "FILENAME", "PURPOSE", "FORMAT", "EXAMPLES", "BYTES", "AGE"],
+                   [[f["id"], f["filename"], f["purpose"], f["format"], f["examples"], f["bytes"],
+                     age(f["created_at"])] for f in files])
+
+
+def events_table(events: list[dict]) -> str:
+    """Oldest first, as a log reads."""
+    return "\n".join(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['created_at']))}  {e['level']:7}  "
+                     f"{e['message']}" for e in events)
+
+
+def metrics_table(points: list[dict]) -> str:
+    keys = ["step", "loss", "learning_rate", "grad_norm", "tokens_per_second", "step_seconds"]
+    shown = [k for k in keys if any(k in p for p in points)]
+
+    def cell(value):
+        return f"{value:.4g}" if isinstance(value, float) else value
+    return columns([k.upper() for k in shown], [[cell(p.get(k)) for k in shown] for p in points])
+
+
+def checkpoints_table(checkpoints: list[dict]) -> str:
+    return columns(["STEP", "TRAIN_LOSS", "LOCATION", "AGE"],
+                   [[c["step_number"], f"{c['metrics']['train_loss']:.4f}" if c["metrics"].get("train_loss")
+                     is not None else None, c["fine_tuned_model_checkpoint"], age(c["created_at"])]
+                    for c in checkpoints])
+
+
+def pools_table(pools: list[dict]) -> str:
+    rows = []
+    for p in pools:
+        if "gpu" in p:
+            links = p["intraNode"] + (f" / {p['interNode']}" if p.get("interNode") else "")
+            rows.append([p["name"], p["gpu"], p["gpusPerNode"], p["maxNodes"], links, f"${p['pricePerGPUHour']:,.2f}"])
+        else:  # a backend's own pool (this machine): described in words
+            rows.append([p["name"], ", ".join(p.get("gpusFound") or []) or "none (CPU)", p.get("gpusUsed"), 1, "-",
+                         f"${p.get('pricePerGPUHour', 0):,.2f}"])
+    return columns(["NAME", "GPU", "GPUS/NODE", "MAX NODES", "LINKS", "PRICE/GPU-HOUR"], rows)
+
+
+def tokens_table(tokens: list[dict]) -> str:
+    return columns(["ID", "TENANT", "ADMIN", "NAME", "AGE"],
+                   [[t["id"], t["tenant"], "yes" if t["admin"] else "no", t["name"] or None, age(t["created_at"])]
+                    for t in tokens])
+
+
+def artifacts_table(files: list[dict]) -> str:
+    return columns(["PATH", "BYTES"], [[f["path"], f["bytes"]] for f in files])
+
+
+def is_finished(job: dict) -> bool:
+    return job["status"] in TERMINAL

@@ -1,0 +1,44 @@
+"""What a finished job exported (the adapter, the merged or the full model), listed and served file by file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunewright_api.errors import ApiError
+from tunewright_api.models import Job
+
+MAX_LISTED = 10_000  # files per listing: an export holds tens
+
+
+def export_folder(job: Job) -> Path:
+    """`<output_dir>/final`, the folder the runtime moves whole exports into; 409 when there is none here."""
+    export = {name: where for name, where in ((job.result or {}).get("export") or {}).items() if where}
+    if job.status != "succeeded" or not export:
+        raise ApiError(409, f"job {job.id} is {job.status} and has no exported model"
+                            + ("" if job.status in ("failed", "cancelled") else " yet"), "job_id", "no_artifacts")
+    on_volume = [where for where in export.values() if "://" in where]
+    if on_volume:
+        raise ApiError(409, f"job {job.id}'s model is on the cluster's volume ({on_volume[0]}): copy it from a pod "
+                            "that mounts the claim, e.g. kubectl cp", "job_id", "artifacts_on_cluster")
+    folder = Path(next(iter(export.values()))).parent
+    if not folder.is_dir():
+        raise ApiError(410, f"job {job.id}'s exported model is no longer on this server ({folder.name} is gone)",
+                       "job_id", "artifacts_gone")
+    return folder
+
+
+def listing(job: Job) -> list[dict]:
+    """Every file of the export, by its path in it (`adapter/adapter_config.json`) and size; links not followed."""
+    folder = export_folder(job)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    return [{"object": "artifact", "path": p.relative_to(folder).as_posix(), "bytes": p.stat().st_size}
+            for p in files[:MAX_LISTED]]
+
+
+def artifact_file(job: Job, path: str) -> Path:
+    """One file of the export; anything outside it (`..`, absolute paths, links) does not exist."""
+    folder = export_folder(job).resolve()
+    wanted = (folder / path).resolve()
+    if folder not in wanted.parents or not wanted.is_file() or (folder / path).is_symlink():
+        raise ApiError(404, f"job {job.id} exported no file {path!r}", "path", "not_found")
+    return wanted
