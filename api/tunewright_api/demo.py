@@ -21,7 +21,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from tunewright_api.cli import Client, RequestFailed, watch
+from tunewright_api.cli import Client, RequestFailed, ended, watch
 
 DEMO_SPEC = {
     "method": {"type": "lora", "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
@@ -114,8 +114,7 @@ def main() -> int:
         print(f"submitted {job['id']} through POST /v1/jobs\n{job['plan']['explanation']}", flush=True)
         job = watch(client, job["id"])
         if job["status"] != "succeeded":
-            print(f"the job {job['status']}: {job['error']}", file=sys.stderr)
-            return 1
+            return ended(job)  # one line naming why, and where the run's output is
         metrics = client.request("GET", f"/v1/jobs/{job['id']}/metrics")["data"]
         print("\n=== tunewright demo: LoRA fine-tune through the REST API, on local Ray ===")
         print(summary(job, metrics))

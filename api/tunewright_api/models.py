@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic import Field as PydanticField
-from sqlalchemy import JSON, Column, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
 from sqlmodel import Field, Session, SQLModel
 
 from tunewright_api.telemetry import measured, progress
@@ -76,6 +76,9 @@ class StoredFile(SQLModel, table=True):
     examples: int
     path: str
     sha256: str | None = Field(default=None, index=True)  # of the bytes uploaded (None: a file the API made)
+    # text in the examples, all and the longest one's (None: not a dataset, or uploaded before they were kept)
+    characters: int | None = Field(default=None, sa_type=BigInteger)
+    longest_characters: int | None = None
     created_at: datetime = Field(default_factory=now)
 
 

@@ -7,6 +7,7 @@ numpy or torch.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 MAX_REPORTED_ERRORS = 20
@@ -80,11 +81,25 @@ def _scan(path: Path, fmt: str):
             yield lineno, None if problem else record, problem
 
 
-def _read(path: str | Path, fmt: str, keep: bool) -> tuple[list[dict], int]:
+def text_characters(record: dict) -> int:
+    """The characters of text a (valid) record holds, whatever its format."""
+    parts = [m.get("content") for m in record.get("messages") or []] + [record.get(k) for k in ("prompt",
+                                                                                                "completion", "text")]
+    return sum(len(p) for p in parts if isinstance(p, str))
+
+
+@dataclass(frozen=True)
+class DatasetStats:
+    examples: int
+    characters: int  # of text, in every example
+    longest_characters: int  # of text, in the longest example
+
+
+def _read(path: str | Path, fmt: str, keep: bool) -> tuple[list[dict], DatasetStats]:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: no such file")
-    records, count, errors = [], 0, []
+    records, count, errors, characters, longest = [], 0, [], 0, 0
     for lineno, record, problem in _scan(path, fmt):
         if problem:
             errors.append(f"{path}:{lineno}: {problem}")
@@ -93,13 +108,15 @@ def _read(path: str | Path, fmt: str, keep: bool) -> tuple[list[dict], int]:
                 break
         else:
             count += 1
+            size = text_characters(record)
+            characters, longest = characters + size, max(longest, size)
             if keep:
                 records.append(record)
     if errors:
         raise DatasetError(f"dataset rejected (format {fmt}):\n  " + "\n  ".join(errors))
     if not count:
         raise DatasetError(f"{path}: no examples")
-    return records, count
+    return records, DatasetStats(count, characters, longest)
 
 
 def read_jsonl(path: str | Path, fmt: str) -> list[dict]:
@@ -107,6 +124,7 @@ def read_jsonl(path: str | Path, fmt: str) -> list[dict]:
     return _read(path, fmt, keep=True)[0]
 
 
-def count_examples(path: str | Path, fmt: str) -> int:
-    """How many good records a JSONL file holds (checked as `read_jsonl` does, none kept in memory)."""
+def dataset_stats(path: str | Path, fmt: str) -> DatasetStats:
+    """How many good records a JSONL file holds and how much text (checked as `read_jsonl` does, none kept in
+    memory): enough for the API to choose sizes the data can fill before any tokenizer is loaded."""
     return _read(path, fmt, keep=False)[1]

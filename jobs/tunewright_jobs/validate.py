@@ -1,6 +1,6 @@
 """`python -m tunewright_jobs.validate FILE [--format auto|chat|prompt_completion|text]`: check a dataset.
 
-Prints one JSON object: {"format", "examples"} on success (exit 0), {"format", "errors": [...]} on failure
+Prints one JSON object: {"format", "examples", "characters", "longest_characters"} on success (exit 0), {"format", "errors": [...]} on failure
 (exit 1). The API calls this at upload, so that one validator (the runtime's) decides what trains.
 """
 
@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tunewright_jobs.dataset_files import DatasetError, count_examples
+from tunewright_jobs.dataset_files import DatasetError, dataset_stats
 
 FORMAT_KEYS = (("messages", "chat"), ("completion", "prompt_completion"), ("prompt", "prompt_completion"),
                ("text", "text"))
@@ -40,11 +40,12 @@ def validate(path: Path, fmt: str) -> dict:
             return {"format": None, "errors": [f"{path.name}:1: cannot tell the format: the first record needs "
                                                '"messages" (chat), "prompt"/"completion" or "text"']}
     try:
-        examples = count_examples(path, fmt)
+        stats = dataset_stats(path, fmt)
     except DatasetError as err:
         lines = str(err).splitlines()
         return {"format": fmt, "errors": [line.strip() for line in lines[1:]] or lines}
-    return {"format": fmt, "examples": examples}
+    return {"format": fmt, "examples": stats.examples, "characters": stats.characters,
+            "longest_characters": stats.longest_characters}
 
 
 def main(argv: list[str] | None = None) -> int:

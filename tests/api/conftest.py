@@ -96,7 +96,7 @@ def emulated_cluster(monkeypatch, tmp_path):
 
     emulator = FakeApiServer(list(resources())).start()
     monkeypatch.setenv("KUBECONFIG", str(emulator.write_kubeconfig(tmp_path / "kubeconfig")))
-    client_for(emulator).create(yaml.safe_load((ROOT / "examples" / "gpupool-h100.yaml").read_text()))
+    client_for(emulator).create(yaml.safe_load((ROOT / "examples" / "cluster" / "gpupool-h100.yaml").read_text()))
     yield emulator
     emulator.stop()
 

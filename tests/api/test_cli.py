@@ -4,6 +4,7 @@ line on stderr, naming the field and the fix), exit codes, output formats, pipes
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -139,3 +140,38 @@ def test_version_completion_and_pipes(server, user):
     proc.stdout.close()
     assert proc.wait(timeout=60) == 0
     assert proc.stderr.read() == b""
+
+
+@pytest.mark.slow  # trains a job (over 10 s here)
+def test_a_small_dataset_trains_with_the_defaults(server, user, tiny_models, tmp_path, capsys):
+    """150 examples and no sizes given: the sizes follow from the data instead of failing in the queue; sizes
+    the data cannot fill are refused at once, with what would fit."""
+    small = tmp_path / "mine.jsonl"
+    small.write_text("".join(TRAIN.read_text().splitlines(keepends=True)[:150]))
+    code, out, err = run(capsys, *user, "submit", "--model", tiny_models["gpt2"], "--train", small, "--max-steps",
+                         "3", "--watch")
+    assert code == 0, err
+    job_id = re.search(r"submitted (ftjob-\w+)", out).group(1)
+    code, out, _ = run(capsys, *user, "-o", "json", "get", job_id)
+    hyper = json.loads(out)["spec"]["hyperparameters"]
+    assert hyper["seqLen"] == 128 and "globalBatchSize" not in hyper  # 150 examples fill batches of 16
+    code, out, _ = run(capsys, *user, "events", job_id)
+    assert "sized from the data: seqLen 128" in out
+    code, _, err = run(capsys, *user, "submit", "--model", tiny_models["gpt2"], "--train", small, "--batch-size",
+                       "4096")
+    assert code == 1 and "hyperparameters.globalBatchSize: the dataset is too small" in err and "150 examples" in err
+
+
+@pytest.mark.slow  # starts a run (over 10 s here)
+def test_a_watched_job_that_fails_says_why_in_one_line(server, user, tiny_models, tmp_path, capsys):
+    """A model folder whose config.json is fine but whose weights are missing passes the submit and fails in
+    the run: `submit --watch` exits 1 with the run's reason on one line and where its output is."""
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_models["gpt2"], broken, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    code, out, err = run(capsys, *user, "submit", "--model", broken, "--train", TRAIN, "--max-steps", "2", "--watch")
+    job_id = re.search(r"submitted (ftjob-\w+)", out).group(1)
+    assert code == 1 and re.search(r"^failed +\[", out, re.MULTILINE), out
+    first, second = err.splitlines()
+    assert first.startswith(f"error: job {job_id} failed: OSError: Error no file named model.safetensors")
+    assert len(first) < 400 and "Traceback" not in err  # the reason, not torchrun's report that follows it
+    assert second.strip() == f"the run's output: tunewright logs {job_id}"

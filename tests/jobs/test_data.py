@@ -186,9 +186,11 @@ def test_shipped_dataset_matches_its_generator():
 
 
 @pytest.mark.parametrize(("lines", "expected"), [
-    ([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], {"format": "chat", "examples": 1}),
-    ([{"prompt": "a", "completion": "b"}] * 3, {"format": "prompt_completion", "examples": 3}),
-    ([{"text": "a"}, {"text": "b"}], {"format": "text", "examples": 2}),
+    ([{"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "c"}]}],
+     {"format": "chat", "examples": 1, "characters": 3, "longest_characters": 3}),
+    ([{"prompt": "a", "completion": "bcd"}] * 3,
+     {"format": "prompt_completion", "examples": 3, "characters": 12, "longest_characters": 4}),
+    ([{"text": "a"}, {"text": "bb"}], {"format": "text", "examples": 2, "characters": 3, "longest_characters": 2}),
 ])
 def test_validate_detects_the_format(tmp_path, lines, expected):
     from tunewright_jobs.validate import validate
@@ -214,4 +216,5 @@ def test_validator_runs_without_numpy_torch_or_transformers():
     proc = subprocess.run([sys.executable, "-c", code, str(tiny.DATA_DIR / "train.jsonl")], capture_output=True,
                           text=True, env={"PYTHONPATH": python_path()}, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == {"format": "chat", "examples": 800}
+    checked = json.loads(proc.stdout)
+    assert (checked["format"], checked["examples"]) == ("chat", 800) and 0 < checked["longest_characters"] < 2000

@@ -75,7 +75,7 @@ def test_finetunejob_crd_has_what_kubectl_and_kopf_need():
     assert any("globalBatchTokens % self.seqLen" in r["rule"] for r in rules)
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(EXAMPLES.rglob("*.yaml")), ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_examples_are_accepted_by_the_crds_and_the_models(path):
     manifest = yaml.safe_load(path.read_text())
     assert manifest["apiVersion"] == "tunewright.dev/v1alpha1"
@@ -83,7 +83,7 @@ def test_examples_are_accepted_by_the_crds_and_the_models(path):
     SPEC_MODELS[manifest["kind"]].model_validate(manifest["spec"])
 
 
-JOB = yaml.safe_load((EXAMPLES / "finetunejob-lora.yaml").read_text())
+JOB = yaml.safe_load((EXAMPLES / "cluster" / "finetunejob-lora.yaml").read_text())
 
 
 @pytest.mark.parametrize(("section", "patch"), [
@@ -119,7 +119,7 @@ def test_every_status_the_operator_writes_is_kept_whole():
         telemetry=JobTelemetry(comm_share=0.1, comm_share_exposed=0.01, mfu=0.4, cost_usd=3.2))
     written = {**JOB, "status": status.model_dump(by_alias=True, mode="json", exclude_none=True)}
     assert errors(schema_of("FineTuneJob"), written) == []
-    pool = yaml.safe_load((EXAMPLES / "gpupool-h100.yaml").read_text())
+    pool = yaml.safe_load((EXAMPLES / "cluster" / "gpupool-h100.yaml").read_text())
     pool["status"] = GPUPoolStatus(nodes=4, allocatable_gpus=32, gpu_products=["NVIDIA-H100-80GB-HBM3"],
                                    gpu_memory_mib=81559).model_dump(by_alias=True, mode="json", exclude_none=True)
     assert errors(schema_of("GPUPool"), pool) == []

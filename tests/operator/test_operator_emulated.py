@@ -22,7 +22,7 @@ from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, secret_token
 
 pytestmark = pytest.mark.slow
 
-POOL = yaml.safe_load((ROOT / "examples" / "gpupool-h100.yaml").read_text())
+POOL = yaml.safe_load((ROOT / "examples" / "cluster" / "gpupool-h100.yaml").read_text())
 JOB = {"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob", "metadata": {"name": "llama-lora"},
        "spec": {"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "method": {"type": "lora"},
                 "dataset": {"train": "pvc://datasets/support/train.jsonl"},
@@ -243,7 +243,7 @@ def test_kubectl_apply_get_describe_delete(server, cluster, operator, tmp_path):
         return done.stdout + done.stderr
 
     cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
-    applied = kubectl("apply", "--validate=false", "-n", "team-a", "-f", str(ROOT / "examples"))
+    applied = kubectl("apply", "--validate=false", "-n", "team-a", "-f", str(ROOT / "examples" / "cluster"))
     assert "finetunejob.tunewright.dev/llama-8b-support-lora created" in applied
     wait_for(lambda: status_of(cluster, "team-a", "llama-8b-support-lora").get("rayJobName"),
              what="the example's RayJob", operator=operator)

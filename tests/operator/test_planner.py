@@ -294,3 +294,41 @@ def test_instruct_variants_and_common_hub_ids_resolve(source, entry):
 @pytest.mark.parametrize("source", ["meta-llama/Llama-3.1-9B", "/models/Llama-3.1-8B-Instruct", "someone/it"])
 def test_what_is_not_a_catalog_model_is_not_taken_for_one(source):
     assert lookup(source) is None
+
+
+def _spec(**hyper):
+    from tunewright_operator.spec import FineTuneJobSpec
+
+    return FineTuneJobSpec.model_validate({"model": {"source": "gpt2"}, "dataset": {"train": "file-x"},
+                                           "hyperparameters": hyper})
+
+
+@pytest.mark.parametrize(("hyper", "data", "positions", "expected", "chosen"), [
+    # 150 short chats (the newcomer's): 2048 would pack them into ~6 sequences, fewer than a batch of 16
+    ({}, (150, 150 * 240, 400), 0, (128, 16), "seqLen 128"),
+    ({}, (150, 150 * 240, 4000), 0, (1024, 8), "globalBatchSize 8"),  # one long example: no example cut off
+    ({}, (10, 10 * 200, 200), 0, (128, 4), "globalBatchSize 4"),  # ~5 sequences: the power of two below
+    ({}, (100_000, 10**9, 30_000), 0, (2048, 16), None),  # a large dataset: the defaults stand
+    ({}, (100_000, 10**9, 30_000), 512, (512, 16), "seqLen 512"),  # learned positions cap it
+    ({"seqLen": 64}, (150, 150 * 240, 400), 0, (64, 16), None),  # what the spec sets is kept
+    ({"globalBatchSize": 4}, (150, 150 * 240, 400), 0, (128, 4), "seqLen 128"),
+])
+def test_sizes_follow_from_the_data(hyper, data, positions, expected, chosen):
+    from tunewright_operator.planner.jobs import sized_for_data
+
+    examples, characters, longest = data
+    sized, why = sized_for_data(_spec(**hyper), examples=examples, characters=characters,
+                                longest_characters=longest, max_positions=positions)
+    assert (sized.hyperparameters.seq_len, sized.hyperparameters.sequences_per_step) == expected
+    assert (why is None) if chosen is None else (chosen in why)
+
+
+@pytest.mark.parametrize(("hyper", "field"), [
+    ({"globalBatchSize": 4096}, "hyperparameters.globalBatchSize"),
+    ({"globalBatchTokens": 2048 * 4096, "seqLen": 2048}, "hyperparameters.globalBatchTokens"),
+])
+def test_sizes_the_data_cannot_fill_are_refused_naming_the_field(hyper, field):
+    from tunewright_operator.planner.jobs import sized_for_data
+
+    with pytest.raises(ValueError, match=rf"^{field}: the dataset is too small .* 150 examples make at most"):
+        sized_for_data(_spec(**hyper), examples=150, characters=150 * 240, longest_characters=400)

@@ -38,6 +38,8 @@ from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
+# Where the runtime's one-line reason is looked for: torchrun and Ray print their own reports after it.
+REASON_SEARCH_LINES = 400
 POOL = "local"
 MAX_CPU_MICRO_BATCH = 8  # sequences per forward pass on a CPU worker: more only costs memory
 # What a job's processes inherit from the API's environment: what Python, PyTorch, CUDA, NCCL and Hugging
@@ -254,9 +256,10 @@ class LocalBackend:
         else:
             reason = (f"the run exited with code {code}" if code is not None
                       else "the run's process is gone (the API restarted while it ran) and it left no result")
-            tail = self.logs(job, LOG_TAIL_LINES)
+            end = self.logs(job, REASON_SEARCH_LINES)
+            tail = end[-LOG_TAIL_LINES:]
             # the runtime's last word on why (one line), else how it ended; the log's tail is in the event
-            said = next((line.removeprefix("error: ") for line in reversed(tail) if line.startswith("error: ")), None)
+            said = next((line.removeprefix("error: ") for line in reversed(end) if line.startswith("error: ")), None)
             job.status = transition(job.status, "failed")
             job.error_code, job.error_message = "run_failed", f"{said} ({reason})" if said else reason
             add_event(session, job, f"{job.error_message}. Last log lines:\n" + "\n".join(tail), level="error")

@@ -1,6 +1,7 @@
 """`tunewright`: the command line. Everything but `serve` talks to the REST API.
 
   tunewright serve                                   the API on this machine (SQLite, local backend)
+  tunewright status [--wait S]                       is it up?
   tunewright submit job.yaml [--watch]               upload local data, submit, print the job (or watch it)
   tunewright jobs [--status S] | get | watch | logs [-f] | events [--all] | metrics | checkpoints JOB
   tunewright cancel | delete | download JOB          stop, forget, fetch the trained adapter or model
@@ -208,13 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the API (default: TUNEWRIGHT_URL, else http://127.0.0.1:8000)")
     parser.add_argument("--token", default=os.environ.get("TUNEWRIGHT_TOKEN"),
                         help="an API token (default: TUNEWRIGHT_TOKEN)")
-    parser.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table",
-                        help="table for people (default), json or yaml for programs")
+    parser.add_argument("-o", "--output", choices=["table", "json", "yaml", "id"], default="table",
+                        help="table for people (default), json or yaml for programs, id: only the ids")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run the API on this machine")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+
+    p = sub.add_parser("status", help="is the API up and ready? (exit 3 if not)")
+    p.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait up to this long for it")
 
     p = sub.add_parser("submit", help="submit a job from a spec file or flags")
     spec_flags(p)
@@ -278,6 +282,18 @@ def run(args, parser: argparse.ArgumentParser) -> int:
     client = Client(args.url, args.token)
     out = args.output
     command = args.command
+    if command == "status":
+        deadline = time.monotonic() + args.wait
+        while True:
+            try:
+                ready = client.request("GET", "/readyz")
+                break
+            except RequestFailed:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+        render.emit({"url": args.url, **ready}, out, lambda r: f"{r['status']}: {r['url']} ({r['backend']} backend)")
+        return OK
     if command == "submit":
         job = client.submit(spec_from_args(args))
         if not args.watch:
@@ -403,8 +419,9 @@ def tokens_command(client: Client, args, parser: argparse.ArgumentParser) -> int
         render.emit(client.request("DELETE", f"/v1/tokens/{args.name}"), args.output, lambda d: f"revoked {d['id']}")
     else:
         token = client.request("POST", "/v1/tokens", json={"tenant": args.name, "admin": args.admin})
-        render.emit(token, args.output, lambda t: f"{t['token']}\n(tenant {t['tenant']}, id {t['id']}: shown once; "
-                                                  "export TUNEWRIGHT_TOKEN=...)")
+        if args.output == "table":  # the secret alone on stdout: export TUNEWRIGHT_TOKEN=$(tunewright tokens create t)
+            print(f"token {token['id']} for tenant {token['tenant']}: shown once, keep it", file=sys.stderr)
+        render.emit(token, args.output, lambda t: t["token"])
     return OK
 
 

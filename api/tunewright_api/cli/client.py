@@ -92,7 +92,7 @@ class Client:
         dataset = spec.get("dataset") or {}
         for key in ("train", "validation"):
             value = dataset.get(key)
-            if not value or value.startswith("file-"):
+            if not value or value.startswith("file-") or "://" in value:  # uploaded, or a volume or URL
                 continue
             path = Path(value).expanduser()
             if not path.is_file():

@@ -15,7 +15,10 @@ from tunewright_api.states import TERMINAL
 
 def emit(data, output: str, table: Callable[[object], str], empty: str | None = None) -> None:
     """`data` as JSON, YAML or (for people) the table; an empty list says so on stderr, so pipes get nothing."""
-    if output == "json":
+    if output == "id":  # for scripts: JOB=$(tunewright -o id jobs --limit 1)
+        for item in data if isinstance(data, list) else [data]:
+            print(item.get("id") or item.get("name") if isinstance(item, dict) else item)
+    elif output == "json":
         print(json.dumps(data, indent=2))
     elif output == "yaml":
         print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")

@@ -75,7 +75,8 @@ class FineTuningJobCreate(BaseModel):
     strategy: Literal["auto", Strategy] = "auto"
     budget_usd: float | None = Field(default=None, gt=0)
     max_steps: int | None = Field(default=None, gt=0)
-    seq_len: int = Field(default=2048, gt=0)
+    seq_len: int | None = Field(default=None, gt=0, description="Tokens per packed sequence (default: from the "
+                                                                 "data, up to 2048)")
 
     def effective_hyperparameters(self) -> OpenAIHyperparameters:
         if self.method is not None:
@@ -96,8 +97,9 @@ def to_spec(body: FineTuningJobCreate, dataset_format: str) -> FineTuneJobSpec:
             "epochs": DEFAULT_EPOCHS if hp.n_epochs == "auto" else hp.n_epochs,
             "maxSteps": body.max_steps,
             "learningRate": BASE_LEARNING_RATE[body.method_type] * multiplier,
-            "globalBatchSize": DEFAULT_GLOBAL_BATCH if hp.batch_size == "auto" else hp.batch_size,
-            "seqLen": body.seq_len,
+            # "auto": chosen from the data at submit (at most the default)
+            **({} if hp.batch_size == "auto" else {"globalBatchSize": hp.batch_size}),
+            **({"seqLen": body.seq_len} if body.seq_len is not None else {}),
             **({"seed": body.seed} if body.seed is not None else {}),
         },
         "resources": {"strategy": body.strategy, "budgetUSD": body.budget_usd},
@@ -128,7 +130,8 @@ def openai_job(job: Job) -> dict:
     spec = job.spec
     hp = spec.get("hyperparameters", {})
     base = BASE_LEARNING_RATE[spec["method"]["type"]]
-    hyperparameters = {"n_epochs": hp.get("epochs", DEFAULT_EPOCHS), "batch_size": hp.get("globalBatchSize"),
+    hyperparameters = {"n_epochs": hp.get("epochs", DEFAULT_EPOCHS),
+                       "batch_size": hp.get("globalBatchSize") or DEFAULT_GLOBAL_BATCH,
                        "learning_rate_multiplier": hp.get("learningRate", base) / base}
     export = (job.result or {}).get("export", {})
     progress = job.progress()
@@ -159,7 +162,8 @@ def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, 
     train = jobs.dataset_file(session=session, tenant=tenant, value=body.training_file, param="training_file")
     job = jobs.submit(session=session, backend=backend, tenant=tenant, spec=to_spec(body, train.format),
                       train_param="training_file", validation_param="validation_file", suffix=body.suffix,
-                      metadata=body.metadata, model_roots=settings.model_roots, model_param="model")
+                      metadata=body.metadata, model_roots=settings.model_roots, model_param="model",
+                      sizes_param="hyperparameters.batch_size")
     return openai_job(job)
 
 

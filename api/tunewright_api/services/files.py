@@ -86,7 +86,8 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
         partial.unlink(missing_ok=True)  # refused, failed or moved: no .partial stays behind
     stored = StoredFile(id=file_id, tenant_id=tenant_id, filename=filename or "upload.jsonl", purpose=purpose,
                         bytes=size, format=checked["format"], examples=checked["examples"], path=str(final),
-                        sha256=digest.hexdigest())
+                        sha256=digest.hexdigest(), characters=checked["characters"],
+                        longest_characters=checked["longest_characters"])
     try:
         session.add(stored)
         session.commit()

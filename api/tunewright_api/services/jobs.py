@@ -25,8 +25,9 @@ from tunewright_api.models import (
     add_event,
 )
 from tunewright_api.services.files import owned_file
-from tunewright_api.services.plans import check_model_source
+from tunewright_api.services.plans import check_model_source, profile_for
 from tunewright_api.states import TERMINAL
+from tunewright_operator.planner.jobs import sized_for_data
 from tunewright_operator.spec import FineTuneJobSpec
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
@@ -56,7 +57,8 @@ def dataset_file(*, session: Session, tenant: Tenant, value: str | None, param: 
 def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTuneJobSpec,
            train_param: str = "dataset.train", validation_param: str = "dataset.validation",
            suffix: str | None = None, metadata: dict[str, str] | None = None,
-           model_roots: list[Path] | None = None, model_param: str = "model.source") -> Job:
+           model_roots: list[Path] | None = None, model_param: str = "model.source",
+           sizes_param: str = "") -> Job:
     """Check the spec against the tenant's files, plan it on the backend, and queue it."""
     if spec.suspend:
         raise ApiError(422, "this backend cannot hold a suspended job; submit it when it should run",
@@ -67,6 +69,7 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
     if train.format != spec.dataset.format:
         raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
                        "dataset.format", "invalid_value")
+    spec, sizing = fit_to_data(spec, train, param_prefix=sizes_param)
     plan = backend.plan(spec, train)
     telemetry_token = new_token()
     job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
@@ -74,9 +77,28 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
               suffix=suffix, job_metadata=metadata)
     backend.submit(session, job, spec, train, validation, telemetry_token)
     session.add(job)
-    add_event(session, job, f"queued; plan: {plan.explanation}")
+    add_event(session, job, f"queued; plan: {plan.explanation}" + (f"; {sizing}" if sizing else ""))
     session.commit()
     return job
+
+
+def fit_to_data(spec: FineTuneJobSpec, train: StoredFile, *, param_prefix: str) -> tuple[FineTuneJobSpec, str | None]:
+    """Sizes the spec leaves open chosen from the uploaded data (a small dataset must not fail a minute into
+    the queue for a default it never asked for); sizes it sets that the data cannot fill refused now."""
+    if train.characters is None or train.longest_characters is None:
+        return spec, None  # uploaded before files kept their size in text
+    try:
+        profile = profile_for(spec.model.source, param="model.source")
+    except ApiError:
+        profile = None  # not profiled here (a hub model outside the catalog): no positions to respect
+    try:
+        return sized_for_data(spec, examples=train.examples, characters=train.characters,
+                              longest_characters=train.longest_characters,
+                              max_positions=profile.max_positions if profile else 0)
+    except ValueError as err:
+        field = str(err).partition(":")[0]
+        param = param_prefix or field
+        raise ApiError(422, str(err), param, "dataset_too_small") from None
 
 
 def page_of_jobs(*, session: Session, tenant: Tenant, after: str | None, limit: int,

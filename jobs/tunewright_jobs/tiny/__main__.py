@@ -1,6 +1,7 @@
 """Tiny-model kit command line.
 
-  python -m tunewright_jobs.tiny build --out DIR    build the tiny models, write a ready LoRA job config
+  python -m tunewright_jobs.tiny build --out DIR    build the tiny models (DIR/tiny-gpt2, DIR/tiny-llama), copy
+                                                    the sentiment data (DIR/data), write a ready LoRA job config
   python -m tunewright_jobs.tiny demo --out DIR     ...and run it on local Ray through the runtime's CLI
 """
 
@@ -39,6 +40,9 @@ def demo_config(model_dir: Path, output_dir: Path, workers: int) -> dict:
 def build(out: Path, workers: int) -> Path:
     for kind in ("gpt2", "llama"):
         build_model(kind, out / f"tiny-{kind}")
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    for name in ("train.jsonl", "validation.jsonl"):  # beside the models: what examples/ name
+        shutil.copyfile(DATA_DIR / name, out / "data" / name)
     config_path = out / "job.json"
     config_path.write_text(json.dumps(demo_config(out / "tiny-gpt2", out / "run", workers), indent=2))
     return config_path

@@ -18,6 +18,49 @@ def dataset_tokens_of(jsonl_bytes: int) -> int:
     return max(1, jsonl_bytes // JSONL_BYTES_PER_TOKEN)
 
 
+# Text to tokens, before any tokenizer is loaded: English through a BPE vocabulary is about 4 characters a
+# token, and a chat template adds role markers and turn ends (a few tokens a message).
+CHARACTERS_PER_TOKEN = 4
+TEMPLATE_TOKENS_PER_EXAMPLE = 16
+SHORTEST_SEQ_LEN = 128
+
+
+def sized_for_data(spec: FineTuneJobSpec, *, examples: int, characters: int, longest_characters: int,
+                   max_positions: int = 0) -> tuple[FineTuneJobSpec, str | None]:
+    """The spec with the sizes it leaves to tunewright chosen from its data, and what was chosen (None: nothing).
+
+    seqLen: the smallest power of two (from 128, up to the default and the model's positions) that holds the
+    longest example, so none is cut off and a small dataset still packs into enough sequences. The global
+    batch: at most the sequences one epoch makes. Sizes the spec sets are kept; when even the most tokens the
+    text could be (one a character) cannot fill one batch, ValueError names the field and what would fit."""
+    hp = spec.hyperparameters
+    seq_len, chosen = hp.seq_len, []
+    if "seq_len" not in hp.model_fields_set and hp.global_batch_tokens is None:  # tokens: seqLen divides it
+        longest = longest_characters // CHARACTERS_PER_TOKEN + TEMPLATE_TOKENS_PER_EXAMPLE
+        cap = min(hp.seq_len, max_positions or hp.seq_len)
+        seq_len = min(cap, max(SHORTEST_SEQ_LEN, 1 << max(0, longest - 1).bit_length()))
+        if seq_len != hp.seq_len:
+            chosen.append(f"seqLen {seq_len} (the longest example is about {longest} tokens)")
+    tokens = characters // CHARACTERS_PER_TOKEN + TEMPLATE_TOKENS_PER_EXAMPLE * examples
+    sequences = max(1, tokens // seq_len)  # one epoch, packed (about)
+    batch_set = hp.global_batch_size is not None or hp.global_batch_tokens is not None
+    if not batch_set and sequences < hp.sequences_per_step:
+        batch = 1 << (sequences.bit_length() - 1)  # a power of two: it splits into micro-batches
+        chosen.append(f"globalBatchSize {batch} (one epoch makes about {sequences} sequences of {seq_len} tokens)")
+        hp = hp.model_copy(update={"global_batch_size": batch})
+    at_most = (characters + TEMPLATE_TOKENS_PER_EXAMPLE * examples) // seq_len
+    if batch_set and at_most < hp.sequences_per_step:
+        field = "globalBatchSize" if hp.global_batch_size is not None else "globalBatchTokens"
+        raise ValueError(
+            f"hyperparameters.{field}: the dataset is too small for a batch of {hp.sequences_per_step} sequences "
+            f"of {seq_len} tokens: its {examples} examples make at most {max(at_most, 0)} (about {sequences}) per "
+            f"epoch. Lower {field}, or seqLen, or leave both out and tunewright sizes them from the data")
+    if not chosen:
+        return spec, None
+    sized = spec.model_copy(update={"hyperparameters": hp.model_copy(update={"seq_len": seq_len})})
+    return sized, "sized from the data: " + "; ".join(chosen)
+
+
 def check_fits_model(spec: FineTuneJobSpec, profile: ModelProfile) -> None:
     """Sizes that follow from the model: ValueError naming the field when the spec asks for more."""
     hp = spec.hyperparameters
