@@ -141,6 +141,29 @@ def write_dataset(path: Path, n: int, words_per_example: int) -> None:
             fh.write(json.dumps({"text": " ".join(rng.choice(vocab) for _ in range(words_per_example))}) + "\n")
 
 
+def runtime_env(devices: str | None = None) -> dict[str, str]:
+    """A child process's environment: this checkout's runtime importable, on the GPUs named (default: all)."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "jobs"), os.environ.get("PYTHONPATH")]))}
+    return env | ({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {})
+
+
+def launch_runtime(config: dict, out: Path, gpus: int, timeout: float,
+                   devices: str | None = None) -> subprocess.CompletedProcess:
+    """Write `config` to out/job.json and run the runtime on it without Ray (under torchrun on several GPUs);
+    its output is kept in out/log.txt."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "job.json").write_text(json.dumps(config, indent=2))
+    launcher = [sys.executable, "-m", "tunewright_jobs.run"]
+    if gpus > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "-m",
+                    "tunewright_jobs.run"]
+    proc = subprocess.run([*launcher, "--no-ray", "--config", str(out / "job.json")], env=runtime_env(devices),
+                          capture_output=True, text=True, timeout=timeout)
+    (out / "log.txt").write_text(proc.stdout + proc.stderr)
+    return proc
+
+
 PROFILED_STEPS = 3  # the last steps of a run: the communication-share window
 WARMUP_STEPS = 3  # allocator growth, cuBLAS/NCCL setup
 
@@ -164,23 +187,11 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
         "metrics": {"log_every_steps": 1,
                     "profile": {"first_step": steps - PROFILED_STEPS, "steps": PROFILED_STEPS, "every_steps": 0}},
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "job.json").write_text(json.dumps(config, indent=2))
-    launcher = [sys.executable, "-m", "tunewright_jobs.run"]
-    if run.gpus > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={run.gpus}", "-m",
-                    "tunewright_jobs.run"]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "jobs"), os.environ.get("PYTHONPATH")]))}
-    if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices
     started = time.time()
     try:
-        proc = subprocess.run([*launcher, "--no-ray", "--config", str(out / "job.json")], env=env,
-                              capture_output=True, text=True, timeout=240)
+        proc = launch_runtime(config, out, run.gpus, timeout=240, devices=devices)
     except subprocess.TimeoutExpired as err:
         return {"name": run.name, **run._asdict(), "returncode": None, "error": f"timed out: {err}"}
-    (out / "log.txt").write_text(proc.stdout + proc.stderr)
     row = {"name": run.name, **run._asdict(), "seq_len": seq_len, "wall_seconds": time.time() - started,
            "returncode": proc.returncode, "devices": devices}
     if proc.returncode:
@@ -198,8 +209,8 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
         "step_seconds_median": statistics.median(r["step_seconds"] for r in steps_),
         "forward_backward_seconds_median": statistics.median(r["forward_backward_seconds"] for r in steps_),
         "optimizer_seconds_median": statistics.median(r["optimizer_seconds"] for r in steps_),
-        "peak_memory_gib": max(r.get("peak_memory_gib", 0.0) for r in steps_),
-        "peak_memory_reserved_gib": max(r.get("peak_memory_reserved_gib", 0.0) for r in steps_),
+        "peak_memory_gib": max((r.get("peak_memory_gib") or 0.0) for r in steps_),
+        "peak_memory_reserved_gib": max((r.get("peak_memory_reserved_gib") or 0.0) for r in steps_),
         "mfu": tokens_per_second / run.gpus * flops / PEAK_FLOPS,
         "steps_measured": len(steps_),
     })

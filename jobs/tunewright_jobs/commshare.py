@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -147,6 +148,9 @@ class CommProfiler:
         try:
             prof.stop()
             share = comm_share(*split_events(_trace_events(prof)), window)
+            if self.cfg.trace_dir:  # the whole window, for offline analysis (Holistic Trace Analysis, Perfetto)
+                Path(self.cfg.trace_dir).mkdir(parents=True, exist_ok=True)
+                prof.export_chrome_trace(str(Path(self.cfg.trace_dir) / f"rank{self.dist.rank}-step{step + 1}.json.gz"))
         except Exception:  # a profiler that cannot trace here costs the measurement, never the run
             log.warning("communication share not measured at step %d", step + 1, exc_info=True)
             share = None

@@ -35,7 +35,11 @@ class ModelConfig(_Strict):
     dtype: Literal["auto", "bfloat16", "float32"] = Field(
         default="auto", description="Weights dtype for frozen (LoRA) weights. auto: bf16 on GPU, fp32 on CPU."
     )
-    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    attn_implementation: Literal["auto", "varlen", "sdpa", "eager", "flash_attention_2"] = Field(
+        default="auto",
+        description="auto: varlen (FlashAttention over each packed document) on CUDA where the model allows it, "
+                    "else sdpa. varlen: that, or an error where it cannot run.",
+    )
     trust_remote_code: bool = False
 
     @property
@@ -138,6 +142,19 @@ class StrategyConfig(_Strict):
         return self
 
 
+class KernelsConfig(_Strict):
+    """The training step's fast paths (see kernels.py); auto picks per device and model, and says why."""
+
+    fused_loss: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Output head and cross-entropy fused, in chunks of tokens: the logits never exist whole. "
+                    "auto: on unless the model scales or caps its logits.",
+    )
+    compile: Literal["auto", "on", "off"] = Field(
+        default="auto", description="torch.compile each decoder block. auto: on CUDA."
+    )
+
+
 class CheckpointConfig(_Strict):
     storage: str | None = Field(
         default=None, description="Where checkpoints go (path or URI); default: <output_dir>/checkpoints."
@@ -168,6 +185,8 @@ class ProfileConfig(_Strict):
     first_step: NonNegativeInt = Field(default=2, description="First profiled step (0-based): past warm-up.")
     steps: PositiveInt = Field(default=2, description="Steps per profiled window.")
     every_steps: NonNegativeInt = Field(default=100, description="Window repeat period in steps; 0: once.")
+    trace_dir: str | None = Field(default=None, description="Also write each window's full trace there "
+                                                            "(Chrome JSON, gzipped; one file per rank and window).")
 
 
 class MetricsConfig(_Strict):
@@ -187,6 +206,7 @@ class JobConfig(_Strict):
     dataset: DatasetConfig
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     strategy: StrategyConfig = Field(default_factory=StrategyConfig)
+    kernels: KernelsConfig = Field(default_factory=KernelsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)

@@ -32,13 +32,18 @@ def weights_dtype(cfg: JobConfig) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
+def loaded_attention(cfg: JobConfig) -> str:
+    """What the model is loaded with: ours (varlen) is switched on after loading, once it is registered."""
+    return "sdpa" if cfg.model.attn_implementation in ("auto", "varlen") else cfg.model.attn_implementation
+
+
 def load_model(cfg: JobConfig):
     """The causal LM, LoRA-wrapped when asked, on the CPU (sharding moves each rank's part to its device)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model.resolved_source, dtype=weights_dtype(cfg), revision=cfg.model.revision,
-        trust_remote_code=cfg.model.trust_remote_code, attn_implementation=cfg.model.attn_implementation,
+        trust_remote_code=cfg.model.trust_remote_code, attn_implementation=loaded_attention(cfg),
     )
     model.config.use_cache = False
     if cfg.strategy.activation_checkpointing:

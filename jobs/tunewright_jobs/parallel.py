@@ -109,8 +109,10 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     mesh = init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
     dtype = compute_dtype(cfg, dist.device)
+    offload = cfg.strategy.cpu_offload
     options = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
-               "offload_policy": CPUOffloadPolicy() if cfg.strategy.cpu_offload else OffloadPolicy()}
+               "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
+               **one_gpu_shards(model, shard_size=shape[-1], offload=offload)}
     for block in transformer_blocks(model):
         fully_shard(block, **options)
     fully_shard(model, **options)
@@ -122,6 +124,17 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
         for name, buffer in module.named_buffers(recurse=False):
             module.register_buffer(name, buffer.to(dist.device), persistent=name not in module._non_persistent_buffers_set)
     return model
+
+
+def one_gpu_shards(model: torch.nn.Module, shard_size: int, offload: bool) -> dict:
+    """FSDP2 options where each shard is a whole GPU's copy (single, DDP): frozen weights (a LoRA base,
+    already in the compute dtype, identical on every replica) need no gathering, no reduction and no
+    optimizer, so they stay plain tensors outside FSDP instead of being copied into a gathered buffer for
+    every block's forward and backward. Offloading keeps them in FSDP, which is what moves them to the host."""
+    if shard_size > 1 or offload:
+        return {}
+    frozen = {p for p in model.parameters() if not p.requires_grad}
+    return {"ignored_params": frozen} if frozen else {}
 
 
 def gradient_sync(model: torch.nn.Module, cfg: JobConfig, last_micro_batch: bool) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tunewright_jobs import checkpoint as ckpt
 from tunewright_jobs.checkpoint import CheckpointStore
@@ -36,8 +35,10 @@ from tunewright_jobs.data import (
 )
 from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
+from tunewright_jobs.kernels import VARLEN, Kernels, compile_blocks, for_evaluation, loss_sum, varlen_inputs
+from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
-from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts
+from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts, transformer_blocks
 from tunewright_jobs.parallel import Dist, gradient_sync, wrap_model
 from tunewright_jobs.telemetry import (
     CheckpointRecord,
@@ -107,15 +108,18 @@ def build_scheduler(cfg: JobConfig, optimizer, steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(schedule, s, warmup, steps))
 
 
-def to_device(batch: Rows, device: torch.device) -> dict[str, torch.Tensor]:
-    return {name: torch.as_tensor(getattr(batch, name)).to(device, non_blocking=True)
-            for name in ("input_ids", "labels", "position_ids")}
+def to_device(batch: Rows, device: torch.device, kernels: Kernels) -> dict[str, torch.Tensor]:
+    """A micro-batch's tensors on the device, with the packing's document offsets for varlen attention."""
+    tensors = {name: torch.as_tensor(getattr(batch, name)).to(device, non_blocking=True)
+               for name in ("input_ids", "labels", "position_ids")}
+    return tensors | (varlen_inputs(batch.position_ids, device) if kernels.attention == VARLEN else {})
 
 
 # --- one optimizer step ------------------------------------------------------------------------------
 
 
-def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: Dist, timer: PhaseTimer) -> StepStats:
+def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: Dist, kernels: Kernels,
+               timer: PhaseTimer) -> StepStats:
     """Forward/backward over this rank's micro-batches, then clip and step.
 
     The loss is the mean over every labelled token of the global batch (all micro-batches, all ranks),
@@ -125,17 +129,15 @@ def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: D
     """
     targets = int((batch.labels != IGNORE_INDEX).sum())
     scale = dist.world_size / max(targets, 1)
-    mbs = [to_device(mb, dist.device) for mb in micro_batches(batch, dist.rank, dist.world_size,
-                                                               cfg.strategy.micro_batch_size)]
+    mbs = [to_device(mb, dist.device, kernels) for mb in micro_batches(batch, dist.rank, dist.world_size,
+                                                                        cfg.strategy.micro_batch_size)]
     timer.start_step()
-    loss_sum = torch.zeros((), device=dist.device)
+    total = torch.zeros((), device=dist.device)
     for i, mb in enumerate(mbs):
         gradient_sync(model, cfg, last_micro_batch=i == len(mbs) - 1)
-        logits = model(input_ids=mb["input_ids"], position_ids=mb["position_ids"], use_cache=False).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten(),
-                               ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = loss_sum(model, mb, kernels)
         (loss * scale).backward()
-        loss_sum += loss.detach()
+        total += loss.detach()
     timer.mark("forward_backward")
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = cfg.hyperparameters.max_grad_norm
@@ -147,7 +149,7 @@ def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: D
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     timer.mark("optimizer")
-    return StepStats(loss_sum, targets, int(batch.real_tokens.sum()), grad_norm.detach(), lr)
+    return StepStats(total, targets, int(batch.real_tokens.sum()), grad_norm.detach(), lr)
 
 
 # --- the run -----------------------------------------------------------------------------------------
@@ -208,7 +210,11 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     total_params, trainable_params = parameter_counts(model)
     # Exact match scores answers cut where the exported model's generation stops.
     stop_ids = stop_token_ids(tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)
+    kernels = prepare_kernels(cfg, model, dist.device)
+    blocks = transformer_blocks(model)  # found by class name, which sharding changes
     model = wrap_model(cfg, model, dist)
+    if kernels.compile_blocks:
+        compile_blocks(blocks)
     seed_everything(hp.seed + 1 + dist.rank)
     model.train()
     optimizer = build_optimizer(cfg, model, dist.device)
@@ -231,11 +237,12 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
                               train_examples=data.train_examples, truncated_examples=data.truncated))
 
     def evaluate(step: int, with_exact_match: bool) -> EvalMetrics:
-        scores = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
-                                    tokenizer.pad_token_id, cfg.eval.max_batches)
-        if with_exact_match:
-            prompts, refs = answer_pairs(cfg, tokenizer, val_records)
-            scores |= exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens, stop_ids)
+        with for_evaluation(model):
+            scores = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
+                                        tokenizer.pad_token_id, cfg.eval.max_batches)
+            if with_exact_match:
+                prompts, refs = answer_pairs(cfg, tokenizer, val_records)
+                scores |= exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens, stop_ids)
         sink.emit(EvalRecord(step=step, **scores))
         return EvalMetrics(**scores)
 
@@ -261,7 +268,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         epoch, batch = batches.step_rows(step)
         data_seconds += time.perf_counter() - t0
         profiler.begin(step)
-        window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, timer))
+        window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, kernels, timer))
         done = step + 1
         if (comm := profiler.end(step)) is not None:
             sink.emit(comm)

@@ -201,7 +201,10 @@ def test_a_job_made_with_kubectl_is_its_namespaces_tenants_only(cluster_api):
     wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="its RayJob", operator=operator)
     events = [e["message"] for e in alice.get(f"/v1/jobs/{job_id}/events").json()["data"]]
     assert "created as FineTuneJob tw-team-a/by-hand (kubectl)" in events
-    assert api_job(alice, job_id, "queued")["plan"]["pool"] == "h100"
+    # the RayJob exists once the operator has planned; the API follows the plan at its next listing
+    planned = wait_for(lambda: (job := alice.get(f"/v1/jobs/{job_id}").json()).get("plan") and job,
+                       what="the operator's plan in the API", operator=operator)
+    assert planned["status"] == "queued" and planned["plan"]["pool"] == "h100"
 
     cluster.delete("FineTuneJob", "tw-team-a", "by-hand")  # kubectl delete: the job is cancelled
     cancelled = api_job(alice, job_id, "cancelled", operator=operator, what="cancelled after kubectl delete")

@@ -50,3 +50,41 @@ def test_progress_and_eta(status, step, total, started, speed, eta):
     percent = {(10, 40): 25.0, (40, 40): 100.0, (0, 40): 0.0}.get((step, total))
     assert got.model_dump(by_alias=True) == {"step": step, "totalSteps": total, "percent": percent, "loss": 1.5,
                                              "tokensPerSecond": speed, "trainedTokens": 9000, "etaSeconds": eta}
+
+
+def test_a_batch_read_before_the_run_ended_is_refused_after_it(database_url, tmp_path):
+    """The race of a killed run: its last batch authenticated while the job ran, the job failed before the
+    batch was written. The batch is refused (410) and writes nothing; the job stays failed."""
+    from sqlmodel import Session, select
+
+    from tunewright_api.auth import hash_token, issue_token
+    from tunewright_api.db import make_engine, migrate
+    from tunewright_api.errors import ApiError
+    from tunewright_api.models import Job, JobEvent
+    from tunewright_api.services import telemetry as service
+    from tunewright_api.telemetry import StepRecord
+
+    engine = make_engine(database_url or f"sqlite:///{tmp_path / 'db.sqlite'}")
+    migrate(engine)
+    with Session(engine) as setup:
+        tenant_id = issue_token(setup, "alice")[0].id
+        job = Job(tenant_id=tenant_id, model="m", spec={}, status="running", telemetry_token_hash=hash_token("t"))
+        setup.add(job)
+        setup.commit()
+        job_id = job.id
+    with Session(engine) as request, Session(engine) as backend:
+        job = service.authenticated_job(session=request, job_id=job_id, token="t")  # still running here
+        ended = backend.get(Job, job_id)
+        ended.status = "failed"
+        backend.add(ended)
+        backend.commit()
+        step = StepRecord(event="step", step=20, epoch=0, loss=2.0, learning_rate=1e-3, grad_norm=1.0, tokens=10,
+                          tokens_per_second=1.0, step_seconds=0.1, data_seconds=0.0, forward_backward_seconds=0.1,
+                          optimizer_seconds=0.0)
+        with pytest.raises(ApiError) as refused:
+            service.ingest(session=request, job=job, records=[step], data_dir=tmp_path)
+        assert refused.value.status == 410 and "already failed" in refused.value.message
+    with Session(engine) as check:
+        assert check.get(Job, job_id).status == "failed" and check.get(Job, job_id).step == 0
+        assert check.exec(select(JobEvent).where(JobEvent.job_id == job_id)).all() == []
+    engine.dispose()

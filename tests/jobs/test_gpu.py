@@ -74,3 +74,32 @@ def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
     assert got[-1].loss < 0.5 * got[0].loss
     (comm,) = metrics(cfg, "comm")  # NCCL kernels seen by the profiler on both ranks
     assert 0 < comm.comm_share_exposed <= comm.comm_share < 1
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])  # plain and grouped-query attention
+def test_varlen_attention_equals_attention_per_document(kv_heads):
+    from tests.jobs.test_kernels import reference_varlen
+    from tunewright_jobs import kernels
+
+    kernels.register_varlen_attention()
+    torch.manual_seed(0)
+    offsets = torch.tensor([0, 300, 301, 1024, 1500, 2048], dtype=torch.int32, device="cuda")
+    q = torch.randn(2048, 8, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2048, kv_heads, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    got = kernels._VARLEN_CALL[0](q, k, v, offsets, 2048, 0.125)
+    want = reference_varlen(q.double(), k.double(), v.double(), offsets, 2048, 0.125)
+    assert torch.linalg.norm(got.double() - want) / torch.linalg.norm(want) < 1e-2  # bf16 operands
+
+
+def test_the_fast_paths_follow_the_plain_runs_curve(tiny_models, tmp_path):
+    """varlen attention, the fused loss and compiled blocks (auto on CUDA) against all three off: the same
+    packed data and seed, the same losses within bf16 noise."""
+    curves = {}
+    for name, overrides in {"fast": {}, "plain": {"kernels": {"fused_loss": "off", "compile": "off"},
+                                                  "model": {"attn_implementation": "sdpa"}}}.items():
+        cfg = cuda_config(tiny_models, tmp_path / name, method={"type": "full"},
+                          hyperparameters={"max_steps": 12, "learning_rate": 2e-3}, **overrides)
+        train_without_ray(cfg)
+        curves[name] = [r.loss for r in metrics(cfg)]
+    assert curves["fast"][-1] < 0.7 * curves["fast"][0]
+    assert curves["fast"] == pytest.approx(curves["plain"], rel=3e-2)

@@ -8,7 +8,7 @@ import io
 import os
 from pathlib import Path
 
-from sqlmodel import Session, delete, func, select
+from sqlmodel import Session, delete, func, select, update
 
 from tunewright_api.auth import hash_token
 from tunewright_api.errors import ApiError
@@ -59,9 +59,23 @@ def dataset_of(*, session: Session, job: Job, file_id: str) -> StoredFile:
     return stored
 
 
+def hold_unfinished(session: Session, job: Job) -> None:
+    """Lock the job's row for this transaction, only while the job is unfinished (410 otherwise), and read it
+    again under the lock. The no-op update takes the row lock (PostgreSQL) or the write lock (SQLite): a
+    run that ends meanwhile (killed, cancelled) is recorded before this batch or refuses it, never has
+    records written after its end."""
+    held = session.exec(update(Job).where(Job.id == job.id, Job.status.not_in(TERMINAL)).values(status=Job.status))
+    if held.rowcount == 0:
+        session.rollback()
+        session.refresh(job)
+        raise ApiError(410, f"job {job.id} already {job.status}: no more records", None, "job_finished")
+    session.refresh(job)
+
+
 def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path) -> None:
     """Apply a batch in one transaction: progress, metric points, events, checkpoints; at the end, the
     results file (OpenAI's `result_files`)."""
+    hold_unfinished(session, job)
     for record in records:
         apply(session, job, record)
     session.add(job)

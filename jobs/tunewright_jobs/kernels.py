@@ -1,0 +1,349 @@
+"""The fast paths of the training step, each chosen per run with a reason, each with the plain path beside it
+(the tests hold them to the same numbers):
+
+- **fused linear + cross-entropy**: the output head and the loss, chunk by chunk of tokens, gradients made
+  in the forward pass, so the [tokens, vocab] logits, their fp32 copy and their gradient never exist whole
+  (for a 128k vocabulary and 16k tokens a micro-batch, about 20 GiB that a plain step holds at its peak);
+- **variable-length attention** for packed rows: FlashAttention over each document of a row, bounded by the
+  packing's own offsets, instead of SDPA with a dense block mask (which also computes every
+  cross-document block, and falls off SDPA's flash kernel);
+- **regional torch.compile**: each decoder block's forward compiled (norms, RoPE, SwiGLU and residuals
+  fused); FSDP2's hooks stay outside, so sharding is unchanged.
+
+CUDA-only paths fall back on the CPU; `resolve` says which path each run takes and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import types
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tunewright_jobs.config import JobConfig
+from tunewright_jobs.data import IGNORE_INDEX
+
+log = logging.getLogger(__name__)
+
+VARLEN = "tunewright_varlen"  # our attention's name in transformers' registry
+# Logits held at once by the fused loss: chunk tokens x vocabulary (fp32: 1 GiB).
+FUSED_LOSS_CHUNK_ELEMENTS = 1 << 28
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What a run uses, and why (each reason a short phrase for the log)."""
+
+    attention: str  # an attn_implementation: VARLEN, "sdpa", "eager", "flash_attention_2"
+    fused_loss: bool
+    compile_blocks: bool
+    reasons: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        return "; ".join(self.reasons)
+
+
+def varlen_attention_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _plain_head(model_config) -> str | None:
+    """Why the output head is not a plain linear layer (scaled or capped logits), or None."""
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
+        if getattr(model_config, name, None) not in (None, 1, 1.0):
+            return f"the model's {name}"
+    return None
+
+
+def _attention_blocker(model_config) -> str | None:
+    """What varlen attention would get wrong for this model, or None."""
+    for name in ("attention_dropout", "attn_pdrop"):
+        if getattr(model_config, name, 0.0):
+            return f"attention dropout ({name}={getattr(model_config, name)})"
+    if getattr(model_config, "attn_logit_softcapping", None):
+        return "attention logit soft-capping"
+    if getattr(model_config, "sliding_window", None) and getattr(model_config, "use_sliding_window", True):
+        return "sliding-window attention"
+    return None
+
+
+def resolve(cfg: JobConfig, device: torch.device, model_config) -> Kernels:
+    """The paths of this run: each `auto` decided from the device and the model, each forced one checked."""
+    k, reasons = cfg.kernels, []
+    cuda = device.type == "cuda"
+
+    attention = cfg.model.attn_implementation
+    if attention == "auto":
+        blocker = _attention_blocker(model_config)
+        if not cuda:
+            attention, why = "sdpa", "attention: sdpa (varlen attention needs CUDA)"
+        elif not varlen_attention_available():
+            attention, why = "sdpa", "attention: sdpa (this PyTorch has no torch.nn.attention.varlen)"
+        elif blocker:
+            attention, why = "sdpa", f"attention: sdpa (varlen attention does not do {blocker})"
+        else:
+            attention, why = VARLEN, "attention: varlen over each packed document"
+        reasons.append(why)
+    elif attention == "varlen":
+        blocker = _attention_blocker(model_config)
+        if not cuda or not varlen_attention_available() or blocker:
+            raise ValueError("model.attn_implementation: varlen needs CUDA, torch.nn.attention.varlen and a model "
+                             f"without {blocker or 'attention dropout'}; use auto to fall back")
+        attention = VARLEN
+        reasons.append("attention: varlen (asked for)")
+    else:
+        reasons.append(f"attention: {attention} (asked for)")
+
+    head = _plain_head(model_config)
+    if k.fused_loss == "on" and head:
+        raise ValueError(f"kernels.fused_loss: the output head is not a plain linear layer ({head}); use auto")
+    fused = k.fused_loss == "on" or (k.fused_loss == "auto" and head is None)
+    reasons.append("loss: fused with the output head, in chunks" if fused
+                   else f"loss: plain ({head or 'asked for'})")
+
+    if k.compile == "on":
+        compile_blocks, why = True, "compile: decoder blocks (asked for)"
+    elif k.compile == "auto" and cuda:
+        compile_blocks, why = True, "compile: decoder blocks"
+    else:
+        compile_blocks, why = False, "compile: off" + (" (CPU: compiling costs more than it saves here)"
+                                                      if k.compile == "auto" else "")
+    reasons.append(why)
+    return Kernels(attention, fused, compile_blocks, tuple(reasons))
+
+
+def prepare(cfg: JobConfig, model, device: torch.device) -> Kernels:
+    """Decide this run's paths and switch on those that change the model before it is sharded (the
+    attention it calls, the forward that fuses the head and the loss); compiling comes after sharding."""
+    lm = causal_lm(model)
+    kernels = resolve(cfg, device, lm.config)
+    if kernels.attention == VARLEN:
+        register_varlen_attention()
+        lm.config._attn_implementation = VARLEN
+    if kernels.fused_loss:
+        install_fused_loss(model)
+    log.info("kernels: %s", kernels.describe())
+    return kernels
+
+
+# --- fused linear + cross-entropy --------------------------------------------------------------------
+
+
+def _chunk_loss_and_logit_grad(logits: torch.Tensor, labels: torch.Tensor, vocab: int
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy of one chunk and d(loss)/d(logits), in fp32 arithmetic, the gradient in the
+    logits' dtype. Rows labelled IGNORE_INDEX count for nothing; columns from `vocab` on are padding (no
+    token: they get no probability and no gradient)."""
+    dtype, logits = logits.dtype, logits.float()
+    if logits.shape[-1] > vocab:
+        column = torch.arange(logits.shape[-1], device=logits.device)
+        logits = torch.where(column < vocab, logits, float("-inf"))
+    valid = labels != IGNORE_INDEX
+    target = torch.where(valid, labels, 0)
+    lse = torch.logsumexp(logits, dim=-1)
+    loss = ((lse - logits.gather(-1, target[:, None]).squeeze(-1)) * valid).sum()
+    grad = torch.exp(logits - lse[:, None])
+    grad.scatter_add_(-1, target[:, None], -torch.ones_like(grad[:, :1]))
+    return loss, (grad * valid[:, None]).to(dtype)
+
+
+_compiled_chunk = None
+
+
+def _chunk_fn(device: torch.device):
+    """The chunk arithmetic, compiled into a few fused kernels on CUDA (eager on the CPU)."""
+    global _compiled_chunk
+    if device.type != "cuda":
+        return _chunk_loss_and_logit_grad
+    if _compiled_chunk is None:
+        _compiled_chunk = torch.compile(_chunk_loss_and_logit_grad, dynamic=True)
+    return _compiled_chunk
+
+
+# Matmuls whose vocabulary side is not a multiple of this fall off the fast kernels (GPT-2's 50257 ran on
+# alignment-1 kernels at a fraction of the speed): the head is padded with zero rows that no token uses.
+VOCAB_ALIGNMENT = 64
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """sum over tokens of CE(hidden @ weight.T, labels), its gradients computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int):
+        chunk_fn = _chunk_fn(hidden.device)
+        vocab = weight.shape[0]
+        padded = F.pad(weight, (0, 0, 0, -vocab % VOCAB_ALIGNMENT)) if vocab % VOCAB_ALIGNMENT else weight
+        grad_hidden = torch.empty_like(hidden)
+        # in the weight's dtype, accumulated in place: the matmul sums in fp32 and rounds once per chunk
+        grad_weight = torch.zeros_like(padded) if weight.requires_grad else None
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            h = hidden[start:start + chunk]
+            loss_c, grad_logits = chunk_fn(h @ padded.t(), labels[start:start + chunk], vocab)
+            loss += loss_c
+            torch.mm(grad_logits, padded, out=grad_hidden[start:start + chunk])
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t(), h)
+        if grad_weight is not None:
+            grad_weight = grad_weight[:vocab]
+        ctx.save_for_backward(grad_hidden, grad_weight if grad_weight is not None else torch.empty(0))
+        ctx.weight_grad = grad_weight is not None
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_w = grad_weight * grad_loss.to(grad_weight.dtype) if ctx.weight_grad else None
+        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_w, None, None
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                               chunk_tokens: int | None = None) -> torch.Tensor:
+    """Summed token cross-entropy of `hidden` [N, h] through the head `weight` [V, h] against `labels` [N]."""
+    chunk = chunk_tokens or max(256, FUSED_LOSS_CHUNK_ELEMENTS // weight.shape[0])
+    return _FusedLinearCrossEntropy.apply(hidden, weight.to(hidden.dtype), labels, chunk)
+
+
+def plain_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+
+
+def causal_lm(model):
+    """The Hugging Face causal LM inside PEFT's wrappers (the module whose forward holds the head)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner
+
+
+def install_fused_loss(model) -> None:
+    """Give the causal LM a forward that, when labels are passed, returns the summed loss through the fused
+    head instead of logits (without labels it is the model's own forward: evaluation and generation).
+
+    It runs inside the model's forward, so under FSDP2 the head's weight is the gathered one there, and its
+    gradient flows back into FSDP's reduce-scatter as any parameter's does."""
+    lm = causal_lm(model)
+    original = lm.forward
+    decoder = getattr(lm, lm.base_model_prefix)
+    head = lm.get_output_embeddings()
+
+    def forward(self, *args, labels=None, **kwargs):
+        if labels is None:
+            return original(*args, **kwargs)
+        inputs = {name: kwargs[name] for name in ("input_ids", "position_ids") if kwargs.get(name) is not None}
+        passed = {name: value for name, value in kwargs.items() if name in VARLEN_KWARGS}
+        hidden = decoder(**inputs, use_cache=False, **passed).last_hidden_state
+        return fused_linear_cross_entropy(hidden.flatten(0, 1), head.weight, labels.flatten())
+
+    lm.forward = types.MethodType(forward, lm)
+
+
+def loss_sum(model, batch: dict[str, torch.Tensor], kernels: Kernels) -> torch.Tensor:
+    """The summed token loss of one micro-batch, through whichever paths the run uses."""
+    extra = {name: batch[name] for name in VARLEN_KWARGS if name in batch}
+    if kernels.fused_loss:
+        return model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"],
+                     **extra)
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False, **extra).logits
+    return plain_cross_entropy(logits, batch["labels"])
+
+
+# --- variable-length attention -----------------------------------------------------------------------
+
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+
+
+def document_offsets(position_ids: np.ndarray) -> np.ndarray:
+    """Where each document starts in the flattened [rows x seq_len] micro-batch, and its end: the
+    cumulative offsets FlashAttention's varlen kernels take. A document starts where its positions restart
+    at 0 (every row starts one; a padded tail is a document of its own that nothing real attends to)."""
+    flat = position_ids.reshape(-1)
+    return np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
+
+
+def varlen_inputs(position_ids: np.ndarray, device: torch.device) -> dict:
+    offsets = torch.as_tensor(document_offsets(position_ids)).to(device, non_blocking=True)
+    # The longest a document can be (not the batch's longest): one value, so compiled code never re-specializes.
+    longest = int(position_ids.shape[1])
+    return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest}
+
+
+def _varlen_call():
+    """torch's varlen_attn with causal masking and GQA, whatever its version calls them (2.10: is_causal;
+    later: window_size; enable_gqa where it exists, else the key/value heads are repeated)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    native_gqa = "enable_gqa" in params
+
+    def call(q, k, v, offsets, longest, scale):
+        if q.shape[1] != k.shape[1]:
+            if native_gqa:
+                return varlen_attn(q, k, v, offsets, offsets, longest, longest, scale=scale, enable_gqa=True,
+                                   **causal)
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        return varlen_attn(q, k, v, offsets, offsets, longest, longest, scale=scale, **causal)
+
+    return call
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' attention interface: query [b, heads, s, d] -> output [b, s, heads, d], each packed
+    document attending causally to itself only (offsets from `varlen_inputs`)."""
+    offsets = kwargs.get("cu_seq_lens_q")
+    if offsets is None:
+        raise RuntimeError("varlen attention was called without the packing's offsets (cu_seq_lens_q): "
+                           "evaluation and generation run under for_evaluation()")
+    b, heads, s, d = query.shape
+    flat = lambda x: x.transpose(1, 2).reshape(b * s, x.shape[1], d)  # noqa: E731
+    out = _VARLEN_CALL[0](flat(query), flat(key), flat(value), offsets, kwargs["max_length_q"], scaling)
+    return out.view(b, s, heads, d), None
+
+
+_VARLEN_CALL: list = []  # the kernel's call, made once (the CPU tests put a reference implementation here)
+
+
+def register_varlen_attention() -> None:
+    """Make VARLEN an attn_implementation transformers accepts (it builds no mask for it)."""
+    from transformers import AttentionInterface
+
+    if not _VARLEN_CALL:
+        _VARLEN_CALL.append(_varlen_call())
+    AttentionInterface.register(VARLEN, varlen_attention)
+
+
+@contextlib.contextmanager
+def for_evaluation(model):
+    """Evaluation and generation on the plain paths: SDPA with the masks transformers builds (they pass no
+    packing offsets, and may pad) and the blocks in eager (a growing KV cache would recompile them)."""
+    config = causal_lm(model).config
+    used = config._attn_implementation
+    config._attn_implementation = "sdpa" if used == VARLEN else used
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        config._attn_implementation = used
+
+
+# --- regional compile --------------------------------------------------------------------------------
+
+
+def compile_blocks(blocks: list[torch.nn.Module]) -> None:
+    """Each decoder block's forward compiled in place: parameter names, state dicts and FSDP2's hooks (which
+    run around forward, in eager) stay as they are. One graph serves every block of the same shape."""
+    import torch._dynamo
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    for block in blocks:
+        block.forward = torch.compile(block.forward)

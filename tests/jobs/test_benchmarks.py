@@ -1,0 +1,41 @@
+"""The benchmark against Hugging Face runs end to end (its CPU smoke mode), and its trace reader reads the
+committed traces: the scripts that produced the README's table cannot rot unnoticed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT / "benchmarks" / "results" / "traces"
+
+
+@pytest.mark.slow  # trains two tiny runs and the HF Trainer once
+def test_the_benchmark_against_hf_runs_and_compares(tmp_path):
+    out = tmp_path / "vs_hf.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vs_hf.py"), "--smoke", "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--cases", "llama1b-lora-variable",
+                           "--systems", "tunewright", "tw-plain", "hf"],
+                          capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin",
+                                                                            "TOKENIZERS_PARALLELISM": "false"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    rows = results["runs"]["llama1b-lora-variable"]
+    assert {"tunewright", "tw-plain", "hf"} <= set(rows) and all(r["tokens_per_second"] > 0 for r in rows.values())
+    assert "loss: fused with the output head" in rows["tunewright"]["kernels"]
+    assert all(0 <= r["padding_share"] < 1 for r in rows.values())  # HF pads its batches, tunewright packs rows
+    summary = results["summary"]["llama1b-lora-variable"]
+    assert summary["stronger_baseline"] == "hf" and summary["speedup"] > 0
+    assert summary["loss_curve_max_rel_gap_vs_plain"] < 1e-3  # the CPU's fast path: the fused loss alone
+    assert len({r["invocation"] for r in rows.values()}) == 1 and len(results["invocations"]) == 1
+
+
+def test_the_trace_reader_finds_where_the_gpu_time_went():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_summary.py"),
+                           str(TRACES / "llama1b-full--tunewright.json.gz"), "--top", "3"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "GPU busy" in lines[1] and any(line.startswith("matmul") for line in lines)

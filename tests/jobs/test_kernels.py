@@ -1,0 +1,154 @@
+"""The training step's fast paths compute what the plain ones do, and each run says which it takes and why."""
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tunewright_jobs.config import JobConfig
+from tunewright_jobs.data import IGNORE_INDEX
+from tunewright_jobs.kernels import (
+    VARLEN,
+    document_offsets,
+    fused_linear_cross_entropy,
+    plain_cross_entropy,
+    resolve,
+)
+
+
+@pytest.mark.parametrize("weight_trains", [True, False])  # full fine-tuning; LoRA (the head is frozen)
+@pytest.mark.parametrize("chunk", [7, 64, None])  # chunks that do not divide the tokens, one chunk, the default
+@pytest.mark.parametrize("vocab", [97, 128])  # padded to the matmuls' alignment (as GPT-2's 50257); aligned
+def test_the_fused_loss_and_its_gradients_equal_the_plain_ones(weight_trains, chunk, vocab):
+    torch.manual_seed(0)
+    tokens, hidden_size = 50, 16
+    hidden = torch.randn(tokens, hidden_size, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, dtype=torch.float64, requires_grad=weight_trains)
+    labels = torch.randint(0, vocab, (tokens,))
+    labels[::3] = IGNORE_INDEX  # prompts and padding
+
+    fused = fused_linear_cross_entropy(hidden, weight, labels, chunk)
+    (fused * 0.37).backward()  # the step scales the summed loss
+    fused_grads = hidden.grad.clone(), weight.grad.clone() if weight_trains else None
+    hidden.grad = None
+    weight.grad = None
+
+    plain = plain_cross_entropy((hidden @ weight.t())[None], labels[None]).double()
+    (plain * 0.37).backward()
+    close = dict(rtol=1e-5, atol=1e-6)  # both in fp32 arithmetic, summed in other orders
+    torch.testing.assert_close(fused.double(), plain, **close)
+    torch.testing.assert_close(fused_grads[0], hidden.grad, **close)
+    if weight_trains:
+        torch.testing.assert_close(fused_grads[1], weight.grad, **close)
+    else:
+        assert weight.grad is None
+
+
+def test_nothing_to_learn_costs_nothing():
+    hidden = torch.randn(4, 8, requires_grad=True)
+    loss = fused_linear_cross_entropy(hidden, torch.randn(11, 8), torch.full((4,), IGNORE_INDEX))
+    loss.backward()
+    assert loss.item() == 0 and torch.count_nonzero(hidden.grad) == 0
+
+
+def test_document_offsets_bound_each_packed_document_and_padded_tail():
+    positions = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])  # row 0: 3 + 2 + a tail of 1
+    assert document_offsets(positions).tolist() == [0, 3, 5, 6, 10, 12]
+    assert document_offsets(np.tile(np.arange(4), (2, 1))).tolist() == [0, 4, 8]  # fixed-length rows
+
+
+def job(**sections) -> JobConfig:
+    return JobConfig.from_dict({"output_dir": "/tmp/x", "model": {"source": "m", **sections.pop("model", {})},
+                                "dataset": {"train": "t.jsonl"}, **sections})
+
+
+LLAMA = SimpleNamespace(attention_dropout=0.0)
+GPT2_WITH_DROPOUT = SimpleNamespace(attn_pdrop=0.1)
+GEMMA2 = SimpleNamespace(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+
+
+@pytest.mark.parametrize(("sections", "device", "model", "expected", "why"), [
+    ({}, CUDA, LLAMA, (VARLEN, True, True), "attention: varlen over each packed document"),
+    ({}, CPU, LLAMA, ("sdpa", True, False), "varlen attention needs CUDA"),
+    ({}, CUDA, GPT2_WITH_DROPOUT, ("sdpa", True, True), "does not do attention dropout (attn_pdrop=0.1)"),
+    ({}, CUDA, GEMMA2, ("sdpa", False, True), "loss: plain (the model's final_logit_softcapping)"),
+    ({"kernels": {"fused_loss": "off", "compile": "off"}, "model": {"attn_implementation": "eager"}}, CUDA, LLAMA,
+     ("eager", False, False), "attention: eager (asked for)"),
+    ({"kernels": {"compile": "on"}}, CPU, LLAMA, ("sdpa", True, True), "compile: decoder blocks (asked for)"),
+])
+def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, model, expected, why, monkeypatch):
+    monkeypatch.setattr("tunewright_jobs.kernels.varlen_attention_available", lambda: True)
+    kernels = resolve(job(**sections), device, model)
+    assert (kernels.attention, kernels.fused_loss, kernels.compile_blocks) == expected
+    assert why in kernels.describe()
+
+
+@pytest.mark.parametrize(("sections", "device", "model", "field"), [
+    ({"model": {"attn_implementation": "varlen"}}, CPU, LLAMA, "model.attn_implementation: varlen needs CUDA"),
+    ({"model": {"attn_implementation": "varlen"}}, CUDA, GPT2_WITH_DROPOUT, "without attention dropout"),
+    ({"kernels": {"fused_loss": "on"}}, CUDA, GEMMA2, "kernels.fused_loss: the output head is not a plain"),
+])
+def test_a_forced_path_that_cannot_run_is_refused_naming_the_field(sections, device, model, field, monkeypatch):
+    monkeypatch.setattr("tunewright_jobs.kernels.varlen_attention_available", lambda: True)
+    with pytest.raises(ValueError, match=field):
+        resolve(job(**sections), device, model)
+
+
+@pytest.mark.parametrize(("kind", "method"), [("gpt2", "lora"), ("llama", "full")])  # tied head; a head that trains
+def test_a_run_with_the_fused_loss_follows_the_plain_runs_curve(tiny_models, tmp_path, kind, method):
+    """The same data, seed and steps with the fused loss on and off: the same losses, step by step (the
+    fast path changes where the work happens, not what is learned)."""
+    from tests.jobs.conftest import make_config, metrics
+    from tunewright_jobs.run import train_without_ray
+
+    curves = {}
+    for fused in ("on", "off"):
+        cfg = make_config(tiny_models[kind], tmp_path / fused, method={"type": method},
+                          hyperparameters={"max_steps": 6, "learning_rate": 2e-3}, kernels={"fused_loss": fused},
+                          checkpoint={"final": False}, dataset={"validation": None}, eval={})
+        train_without_ray(cfg)
+        curves[fused] = [r.loss for r in metrics(cfg)]
+    assert len(curves["on"]) == 6 and curves["on"][-1] < curves["on"][0]
+    np.testing.assert_allclose(curves["on"], curves["off"], rtol=1e-4)
+
+
+def reference_varlen(q, k, v, offsets, longest, scale):
+    """What FlashAttention's varlen kernel computes, one document at a time (the CPU has no such kernel)."""
+    out = torch.empty_like(q)
+    if k.shape[1] != q.shape[1]:
+        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    for start, end in itertools.pairwise(offsets.tolist()):
+        doc = [x[start:end].transpose(0, 1) for x in (q, k, v)]
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(*doc, is_causal=True, scale=scale
+                                                                          ).transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])  # learned positions; RoPE and grouped KV heads
+def test_varlen_attention_inside_the_model_equals_sdpa_with_the_block_mask(tiny_models, kind, monkeypatch):
+    """Packed rows through a real model: our attention (offsets passed down through the decoder's kwargs)
+    gives the logits transformers' SDPA gives with the dense block mask it builds from restarting positions."""
+    from transformers import AutoModelForCausalLM
+
+    from tunewright_jobs import kernels
+
+    monkeypatch.setattr(kernels, "_VARLEN_CALL", [reference_varlen])
+    kernels.register_varlen_attention()
+    model = AutoModelForCausalLM.from_pretrained(tiny_models[kind], attn_implementation="sdpa").eval()
+    positions = np.array([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])
+    ids = torch.randint(0, 300, positions.shape)
+    with torch.no_grad():
+        masked = model(input_ids=ids, position_ids=torch.as_tensor(positions), use_cache=False).logits
+        model.config._attn_implementation = kernels.VARLEN
+        varlen = model(input_ids=ids, position_ids=torch.as_tensor(positions), use_cache=False,
+                       **kernels.varlen_inputs(positions, torch.device("cpu"))).logits
+        with kernels.for_evaluation(model):  # no offsets: the plain path
+            assert model.config._attn_implementation == "sdpa"
+            torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert model.config._attn_implementation == kernels.VARLEN
+    torch.testing.assert_close(varlen, masked, rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="without the packing's offsets"):
+        model(input_ids=ids)
