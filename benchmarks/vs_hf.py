@@ -149,8 +149,8 @@ def run_tunewright(name: str, case: Case, system: str, model_dir: Path, data: Pa
     steps_ = [r for r in records if r["event"] == "step"]
     measured = steps_[WARMUP_STEPS:steps - PROFILED_STEPS if profiled else steps]  # not the profiled window
     kernels = next((line.split("kernels: ", 1)[1] for line in proc.stderr.splitlines() if "kernels: " in line), "")
-    row = {
-        "tokens_per_second": statistics.median(r["tokens_per_second"] for r in measured),
+    row = {  # trained tokens over the time of the measured steps, as hf_baseline.py reports
+        "tokens_per_second": sum(r["tokens"] for r in measured) / sum(r["step_seconds"] for r in measured),
         "step_seconds_median": statistics.median(r["step_seconds"] for r in measured),
         "trained_tokens_per_step": statistics.mean(r["tokens"] for r in measured),
         "padding_share": 1 - statistics.mean(r["tokens"] for r in measured) / (case.micro_batch * case.gpus

@@ -13,6 +13,7 @@ from tunewright_api.auth import bootstrap_admin
 from tunewright_api.backends import make_backend
 from tunewright_api.db import make_engine, migrate
 from tunewright_api.limits import RequestLimits
+from tunewright_api.prometheus import RequestTimer
 from tunewright_api.routes import files, fine_tuning, health, jobs, pools, telemetry, tokens
 from tunewright_api.settings import Settings, get_settings
 
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         access.addFilter(WithoutQueryStrings())
     app.add_middleware(RequestLimits, max_upload_bytes=settings.max_upload_bytes)
     errors.install(app)
+    app.add_middleware(RequestTimer)  # outermost: a request's whole time, refusals and errors included
     for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
                    telemetry.router):
         app.include_router(router)

@@ -123,6 +123,7 @@ class Job(SQLModel, table=True):
     tokens_per_second: float | None = None
     trained_tokens: int = 0
     comm: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # the last measured window
+    checkpoint_seconds: float = Field(default=0.0, sa_column_kwargs={"server_default": "0"})  # all written
     suffix: str | None = None
     job_metadata: dict[str, str] | None = Field(default=None, sa_column=Column("metadata", JSON))
     telemetry_token_hash: str = ""

@@ -83,6 +83,11 @@ class CommRecord(_Record):
     exposed_comm_seconds_per_step: Seconds
     comm_share_max_rank: Share
     comm_share_exposed_max_rank: Share
+    # the window's GPU kernels (absent on the CPU): where the compute went, and how busy the GPU was
+    matmul_seconds_per_step: Seconds | None = None
+    attention_seconds_per_step: Seconds | None = None
+    other_compute_seconds_per_step: Seconds | None = None
+    gpu_busy_share: Share | None = None
 
 
 class EvalRecord(_Record):
@@ -100,6 +105,7 @@ class CheckpointRecord(_Record):
     uri: Annotated[str, Field(min_length=1, max_length=4096)]
     train_loss: Measured = None
     keep_last: Annotated[int, Field(gt=0, le=10**6)]
+    seconds: Seconds | None = None  # writing it (the training waited)
 
 
 class Export(BaseModel):
@@ -162,7 +168,7 @@ def parse_records(raw: list[dict]) -> tuple[list[TelemetryRecord], list[Rejected
     return accepted, rejected
 
 
-def _aware(moment: datetime) -> datetime:
+def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite drops the zone
 
 
@@ -175,7 +181,7 @@ def progress(status: str, step: int, total_steps: int | None, loss: float | None
         if tokens_per_second and trained_tokens:
             per_step = trained_tokens / step / tokens_per_second
         elif started_at is not None:
-            per_step = (now - _aware(started_at)).total_seconds() / step
+            per_step = (now - aware(started_at)).total_seconds() / step
         else:
             per_step = None
         eta = None if per_step is None else max(0.0, per_step * (total_steps - step))
@@ -195,6 +201,6 @@ def measured(plan: JobPlan | None, comm: dict | None, tokens_per_second: float |
     if tokens_per_second and predicted.tokens_per_second:
         out.mfu = predicted.mfu * tokens_per_second / predicted.tokens_per_second
     if started_at is not None and predicted.duration_seconds:
-        held = (_aware(finished_at or now) - _aware(started_at)).total_seconds()
+        held = (aware(finished_at or now) - aware(started_at)).total_seconds()
         out.cost_usd = max(0.0, held) * predicted.cost_usd / predicted.duration_seconds
     return out

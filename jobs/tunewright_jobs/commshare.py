@@ -14,6 +14,7 @@ The interval arithmetic below is pure; `CommProfiler` is the thin shell around t
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,49 @@ def split_events(events: list[TraceEvent]) -> tuple[list[Interval], list[Interva
     return [(e.start_ns, e.end_ns) for e in comm_events], compute
 
 
+# What a GPU kernel is, by its name (first match wins): where a window's time went. The planner's matmul
+# time covers the matrix products and attention; the rest of the compute is its memory-bound time.
+KERNEL_KINDS = (
+    ("communication", re.compile(r"nccl", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|nvjet|wgmma|matmul", re.I)),
+    ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy|cat_|chunk_cat|split_with_sizes", re.I)),
+    ("compiled (triton)", re.compile(r"^triton_", re.I)),
+)
+OTHER_KERNELS = "other elementwise/reduction"
+
+
+def kernel_kind(name: str) -> str:
+    return next((kind for kind, pattern in KERNEL_KINDS if pattern.search(name)), OTHER_KERNELS)
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One rank's window on the GPU, merged per kind (seconds): matrix products, attention, the rest of the
+    compute, and the share of the window any kernel ran (the rest the GPU idled: launches, the host)."""
+
+    matmul_seconds: float
+    attention_seconds: float
+    other_compute_seconds: float
+    busy_seconds: float
+
+
+def kernel_time(events: list[TraceEvent]) -> KernelTime | None:
+    """None where the trace holds no GPU kernels (the CPU)."""
+    kernels = [e for e in events if e.kind == "kernel"]
+    if not kernels:
+        return None
+    by_kind: dict[str, list[Interval]] = {}
+    for e in kernels:
+        by_kind.setdefault(kernel_kind(e.name), []).append((e.start_ns, e.end_ns))
+    matmul, attention = by_kind.pop("matmul", []), by_kind.pop("attention", [])
+    by_kind.pop("communication", None)
+    other = [interval for intervals in by_kind.values() for interval in intervals]
+    return KernelTime(covered(matmul) / 1e9, covered(attention) / 1e9, covered(other) / 1e9,
+                      covered([(e.start_ns, e.end_ns) for e in kernels]) / 1e9)
+
+
 def _kind(event) -> str:
     """Kernel or not, from what every supported torch exposes (2.11 has no `activity_type`)."""
     if event.device_type() == torch.autograd.DeviceType.CPU:
@@ -100,6 +144,15 @@ def _kind(event) -> str:
     if is_annotation is not None and is_annotation():  # record_function ranges drawn on the GPU timeline
         return "gpu_user_annotation"
     return "kernel"
+
+
+def chrome_trace_events(trace: dict) -> list[TraceEvent]:
+    """The events of a trace the profiler exported (`metrics.profile.trace_dir`), as the live profiler gives
+    them: recorded windows are analysed by the same arithmetic, offline."""
+    kinds = {"kernel": "kernel", "gpu_memcpy": "gpu_memcpy", "gpu_memset": "gpu_memcpy", "cpu_op": "cpu_op",
+             "gpu_user_annotation": "gpu_user_annotation"}
+    return [TraceEvent(e["name"], kinds[e["cat"]], e.get("tid", 0), int(e["ts"] * 1000), int((e["ts"] + e["dur"]) * 1000))
+            for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("cat") in kinds]
 
 
 def _trace_events(prof) -> list[TraceEvent]:
@@ -147,7 +200,8 @@ class CommProfiler:
         prof, self._prof = self._prof, None
         try:
             prof.stop()
-            share = comm_share(*split_events(_trace_events(prof)), window)
+            events = _trace_events(prof)
+            share, kernels = comm_share(*split_events(events), window), kernel_time(events)
             if self.cfg.trace_dir:  # the whole window, for offline analysis (Holistic Trace Analysis, Perfetto)
                 Path(self.cfg.trace_dir).mkdir(parents=True, exist_ok=True)
                 prof.export_chrome_trace(str(Path(self.cfg.trace_dir) / f"rank{self.dist.rank}-step{step + 1}.json.gz"))
@@ -160,13 +214,20 @@ class CommProfiler:
             return None
         steps = step + 1 - self._opened
         n = self.dist.world_size
+        # every rank has kernels or none does (one device type): the same reductions run everywhere
+        gpu = [kernels.matmul_seconds, kernels.attention_seconds, kernels.other_compute_seconds,
+               kernels.busy_seconds / window] if kernels else [0.0] * 4
         means = [v / n for v in self.dist.all_reduce_sum(
-            [share.total, share.exposed, share.comm_seconds / steps, share.exposed_seconds / steps])]
+            [share.total, share.exposed, share.comm_seconds / steps, share.exposed_seconds / steps,
+             *(v / steps for v in gpu[:3]), gpu[3]])]
         peaks = self.dist.all_reduce_max([share.total, share.exposed])
         return CommRecord(step=step + 1, profiled_steps=steps, profiled_step_seconds=window / steps,
                           comm_share=means[0], comm_share_exposed=means[1],
                           comm_seconds_per_step=means[2], exposed_comm_seconds_per_step=means[3],
-                          comm_share_max_rank=peaks[0], comm_share_exposed_max_rank=peaks[1])
+                          comm_share_max_rank=peaks[0], comm_share_exposed_max_rank=peaks[1],
+                          **({"matmul_seconds_per_step": means[4], "attention_seconds_per_step": means[5],
+                              "other_compute_seconds_per_step": means[6], "gpu_busy_share": min(1.0, means[7])}
+                             if kernels else {}))
 
     def _sync(self) -> None:
         if self.dist.device.type == "cuda":

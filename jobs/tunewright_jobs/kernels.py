@@ -56,63 +56,74 @@ def varlen_attention_available() -> bool:
     return True
 
 
-def _plain_head(model_config) -> str | None:
-    """Why the output head is not a plain linear layer (scaled or capped logits), or None."""
-    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
-        if getattr(model_config, name, None) not in (None, 1, 1.0):
+def _head_blocker(lm) -> str | None:
+    """Why the output head is not a plain bias-free linear layer (scaled or capped logits, a bias, an
+    adapter on it), or None: the fused loss computes hidden @ weight.T and nothing else."""
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale",
+                 "lm_head_multiplier"):
+        if getattr(lm.config, name, None) not in (None, 1, 1.0):
             return f"the model's {name}"
+    head = lm.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:  # PEFT's lora.Linear when the head is adapted, and other kinds
+        return f"the output head is a {type(head).__name__}, not a plain Linear"
+    if head.bias is not None:
+        return "the output head has a bias"
     return None
 
 
-def _attention_blocker(model_config) -> str | None:
-    """What varlen attention would get wrong for this model, or None."""
+def _attention_blocker(lm, device: torch.device, compute_dtype: torch.dtype) -> str | None:
+    """Why varlen attention cannot run this model here ("needs ..." or "does not do ..."), or None."""
+    config = lm.config
+    if device.type != "cuda":
+        return "needs CUDA"
+    if not varlen_attention_available():
+        return "needs torch.nn.attention.varlen (this PyTorch has none)"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return "needs an Ampere or newer GPU"
+    if compute_dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 compute (this run computes in {str(compute_dtype).removeprefix('torch.')})"
+    if not getattr(type(lm), "_supports_attention_backend", False):
+        return f"needs a model that calls transformers' attention interface ({type(lm).__name__} does not)"
     for name in ("attention_dropout", "attn_pdrop"):
-        if getattr(model_config, name, 0.0):
-            return f"attention dropout ({name}={getattr(model_config, name)})"
-    if getattr(model_config, "attn_logit_softcapping", None):
-        return "attention logit soft-capping"
-    if getattr(model_config, "sliding_window", None) and getattr(model_config, "use_sliding_window", True):
-        return "sliding-window attention"
+        if getattr(config, name, 0.0):
+            return f"does not do attention dropout ({name}={getattr(config, name)})"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "does not do attention logit soft-capping"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "does not do sliding-window attention"
+    if getattr(config, "v_head_dim", None) not in (None, getattr(config, "qk_head_dim", None)):
+        return "does not do value heads of another size than the keys'"
     return None
 
 
-def resolve(cfg: JobConfig, device: torch.device, model_config) -> Kernels:
-    """The paths of this run: each `auto` decided from the device and the model, each forced one checked."""
+def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype) -> Kernels:
+    """The paths of this run for the causal LM `lm`: each `auto` decided from the device and the model, each
+    forced one checked."""
     k, reasons = cfg.kernels, []
-    cuda = device.type == "cuda"
 
     attention = cfg.model.attn_implementation
-    if attention == "auto":
-        blocker = _attention_blocker(model_config)
-        if not cuda:
-            attention, why = "sdpa", "attention: sdpa (varlen attention needs CUDA)"
-        elif not varlen_attention_available():
-            attention, why = "sdpa", "attention: sdpa (this PyTorch has no torch.nn.attention.varlen)"
-        elif blocker:
-            attention, why = "sdpa", f"attention: sdpa (varlen attention does not do {blocker})"
-        else:
-            attention, why = VARLEN, "attention: varlen over each packed document"
-        reasons.append(why)
-    elif attention == "varlen":
-        blocker = _attention_blocker(model_config)
-        if not cuda or not varlen_attention_available() or blocker:
-            raise ValueError("model.attn_implementation: varlen needs CUDA, torch.nn.attention.varlen and a model "
-                             f"without {blocker or 'attention dropout'}; use auto to fall back")
-        attention = VARLEN
-        reasons.append("attention: varlen (asked for)")
+    if attention in ("auto", "varlen"):
+        blocker = _attention_blocker(lm, device, compute_dtype)
+        if blocker and attention == "varlen":
+            raise ValueError(f"model.attn_implementation: varlen attention {blocker}; use auto to fall back to sdpa")
+        attention = "sdpa" if blocker else VARLEN
+        reasons.append(f"attention: sdpa (varlen attention {blocker})" if blocker else
+                       "attention: varlen over each packed document" + (" (asked for)"
+                                                                       if cfg.model.attn_implementation == "varlen"
+                                                                       else ""))
     else:
         reasons.append(f"attention: {attention} (asked for)")
 
-    head = _plain_head(model_config)
+    head = _head_blocker(lm)
     if k.fused_loss == "on" and head:
-        raise ValueError(f"kernels.fused_loss: the output head is not a plain linear layer ({head}); use auto")
+        raise ValueError(f"kernels.fused_loss: {head}; use auto to fall back to the plain loss")
     fused = k.fused_loss == "on" or (k.fused_loss == "auto" and head is None)
     reasons.append("loss: fused with the output head, in chunks" if fused
                    else f"loss: plain ({head or 'asked for'})")
 
     if k.compile == "on":
         compile_blocks, why = True, "compile: decoder blocks (asked for)"
-    elif k.compile == "auto" and cuda:
+    elif k.compile == "auto" and device.type == "cuda":
         compile_blocks, why = True, "compile: decoder blocks"
     else:
         compile_blocks, why = False, "compile: off" + (" (CPU: compiling costs more than it saves here)"
@@ -124,8 +135,10 @@ def resolve(cfg: JobConfig, device: torch.device, model_config) -> Kernels:
 def prepare(cfg: JobConfig, model, device: torch.device) -> Kernels:
     """Decide this run's paths and switch on those that change the model before it is sharded (the
     attention it calls, the forward that fuses the head and the loss); compiling comes after sharding."""
+    from tunewright_jobs.parallel import compute_dtype
+
     lm = causal_lm(model)
-    kernels = resolve(cfg, device, lm.config)
+    kernels = resolve(cfg, device, lm, compute_dtype(cfg, device))
     if kernels.attention == VARLEN:
         register_varlen_attention()
         lm.config._attn_implementation = VARLEN
@@ -238,6 +251,8 @@ def install_fused_loss(model) -> None:
     def forward(self, *args, labels=None, **kwargs):
         if labels is None:
             return original(*args, **kwargs)
+        if args or kwargs.get("attention_mask") is not None:  # the training step passes neither
+            raise TypeError("the fused loss takes input_ids and position_ids by name, and no attention_mask")
         inputs = {name: kwargs[name] for name in ("input_ids", "position_ids") if kwargs.get(name) is not None}
         passed = {name: value for name, value in kwargs.items() if name in VARLEN_KWARGS}
         hidden = decoder(**inputs, use_cache=False, **passed).last_hidden_state
@@ -304,6 +319,10 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
     if offsets is None:
         raise RuntimeError("varlen attention was called without the packing's offsets (cu_seq_lens_q): "
                            "evaluation and generation run under for_evaluation()")
+    unsupported = [name for name in ("sliding_window", "softcap", "s_aux") if kwargs.get(name) is not None]
+    if unsupported or dropout:
+        raise RuntimeError(f"varlen attention cannot apply {', '.join(unsupported) or 'attention dropout'}: "
+                           "set model.attn_implementation to sdpa")
     b, heads, s, d = query.shape
     flat = lambda x: x.transpose(1, 2).reshape(b * s, x.shape[1], d)  # noqa: E731
     out = _VARLEN_CALL[0](flat(query), flat(key), flat(value), offsets, kwargs["max_length_q"], scaling)

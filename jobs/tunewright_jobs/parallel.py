@@ -112,7 +112,7 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
     offload = cfg.strategy.cpu_offload
     options = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
-               **one_gpu_shards(model, shard_size=shape[-1], offload=offload)}
+               **one_gpu_shards(model, shard_size=shape[-1], offload=offload, dtype=dtype)}
     for block in transformer_blocks(model):
         fully_shard(block, **options)
     fully_shard(model, **options)
@@ -126,14 +126,15 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
     return model
 
 
-def one_gpu_shards(model: torch.nn.Module, shard_size: int, offload: bool) -> dict:
-    """FSDP2 options where each shard is a whole GPU's copy (single, DDP): frozen weights (a LoRA base,
-    already in the compute dtype, identical on every replica) need no gathering, no reduction and no
-    optimizer, so they stay plain tensors outside FSDP instead of being copied into a gathered buffer for
-    every block's forward and backward. Offloading keeps them in FSDP, which is what moves them to the host."""
+def one_gpu_shards(model: torch.nn.Module, shard_size: int, offload: bool, dtype: torch.dtype) -> dict:
+    """FSDP2 options where each shard is a whole GPU's copy (single, DDP): frozen weights already in the
+    compute dtype (a LoRA base in bf16; identical on every replica) need no gathering, no reduction, no
+    cast and no optimizer, so they stay plain tensors outside FSDP instead of being copied into a gathered
+    buffer for every block's forward and backward. Frozen weights in another dtype stay in FSDP, which
+    casts them; offloading keeps everything in FSDP, which is what moves it to the host."""
     if shard_size > 1 or offload:
         return {}
-    frozen = {p for p in model.parameters() if not p.requires_grad}
+    frozen = {p for p in model.parameters() if not p.requires_grad and p.dtype == dtype}
     return {"ignored_params": frozen} if frozen else {}
 
 

@@ -136,6 +136,12 @@ class CommRecord(_Record):
     exposed_comm_seconds_per_step: float
     comm_share_max_rank: float
     comm_share_exposed_max_rank: float
+    # GPU kernels of the window (mean over ranks; absent on the CPU): matrix products, attention, the rest
+    # of the compute, and the share of the window any kernel ran
+    matmul_seconds_per_step: float | None = None
+    attention_seconds_per_step: float | None = None
+    other_compute_seconds_per_step: float | None = None
+    gpu_busy_share: float | None = None
 
 
 class CheckpointRecord(_Record):
@@ -143,6 +149,7 @@ class CheckpointRecord(_Record):
     uri: str
     train_loss: float | None
     keep_last: int
+    seconds: float | None = None  # writing it, all ranks (the training waits for it)
 
 
 class ExportPaths(_Strict):

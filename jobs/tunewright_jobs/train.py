@@ -252,10 +252,11 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         trainer_state = {"step": step, "epoch": step // batches.steps_per_epoch,
                          "step_in_epoch": step % batches.steps_per_epoch, "total_steps": steps,
                          "world_size": dist.world_size, "config_name": cfg.name}
+        started = time.perf_counter()
         runtime.checkpoints.save(step, {"step": step, "loss": train_loss}, lambda p: ckpt.write_checkpoint(
             p, model, optimizer, scheduler, trainer_state, dist))
         sink.emit(CheckpointRecord(step=step, uri=runtime.checkpoints.location(step), train_loss=train_loss,
-                                   keep_last=cfg.checkpoint.keep_last))
+                                   keep_last=cfg.checkpoint.keep_last, seconds=time.perf_counter() - started))
 
     eval_before = evaluate(0, cfg.eval.exact_match) if val_rows is not None and start_step == 0 else None
 

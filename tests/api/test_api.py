@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.api.conftest import ADMIN, TRAIN, VALIDATION, Server, tiny_spec, upload, wait_for
@@ -562,3 +563,54 @@ def test_plans_refuse_unusable_models_naming_the_field(server, tmp_path, config,
     answer = server.client().post("/v1/plans", json={"spec": spec, "pool": "h100"})
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["param"] == "spec.model.source"
+
+
+def test_telemetry_and_diagnosis_of_a_job_from_its_records(server, tiny_models, capsys):
+    """What a worker posts (steps, a profiler window with its GPU kernels, a checkpoint) comes back as the
+    job's telemetry over time and its diagnosis; `tunewright explain` prints it."""
+    from tunewright_api.cli import main
+
+    alice = server.tenant("alice")
+    train = upload(alice, TRAIN).json()["id"]
+    running = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    queued = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()["id"]
+    token = (server.settings.data_dir / "jobs" / queued / "telemetry.token").read_text()  # it never runs here
+    steps = [{"event": "step", "step": s, "epoch": 0, "loss": 3.0 - s / 10, "learning_rate": 1e-3, "grad_norm": 1.0,
+              "tokens": 4000, "tokens_per_second": 40e3, "step_seconds": 0.1, "data_seconds": 0.01,
+              "forward_backward_seconds": 0.08, "optimizer_seconds": 0.01} for s in range(1, 11)]
+    window = {"event": "comm", "step": 10, "profiled_steps": 2, "profiled_step_seconds": 0.1, "comm_share": 0.2,
+              "comm_share_exposed": 0.1, "comm_seconds_per_step": 0.02, "exposed_comm_seconds_per_step": 0.01,
+              "comm_share_max_rank": 0.25, "comm_share_exposed_max_rank": 0.12, "matmul_seconds_per_step": 0.04,
+              "attention_seconds_per_step": 0.01, "other_compute_seconds_per_step": 0.03, "gpu_busy_share": 0.9}
+    checkpoint = {"event": "checkpoint", "step": 10, "uri": "/ckpt/10", "keep_last": 2, "seconds": 0.5}
+    with server.client(token) as worker:
+        answer = worker.post(f"/v1/internal/jobs/{queued}/telemetry", json={"records": [*steps, window, checkpoint]})
+        assert answer.json()["accepted"] == 12, answer.text
+    telemetry = alice.get(f"/v1/jobs/{queued}/telemetry").json()
+    assert [p["step"] for p in telemetry["series"]] == list(range(1, 11))
+    assert telemetry["comm"] == [{"step": 10, "commShare": 0.2, "commShareExposed": 0.1, "gpuBusyShare": 0.9}]
+    latest = telemetry["latest"]
+    assert latest["commShare"] == 0.2 and latest["gpuBusyShare"] == 0.9
+    assert latest["smActive"] is None and "does not sample NVML GPM" in latest["smActiveUnavailable"]
+    assert latest["dataWaitShare"] == pytest.approx(0.1)
+    found = alice.get(f"/v1/jobs/{queued}/diagnosis").json()
+    assert found["status"] == "no prediction (CPU)" and found["measuredStepSeconds"] == pytest.approx(0.1)
+    parts = {c["name"]: c["measuredSeconds"] for c in found["components"]}
+    assert parts["checkpoints"] == pytest.approx(0.05) and parts["data wait"] == pytest.approx(0.01)
+    assert parts["matrix products"] + parts["memory-bound and launches"] + parts["exposed communication"] \
+        == pytest.approx(0.08)  # the window's kernels, scaled to the measured forward and backward
+    assert server.tenant("bob").get(f"/v1/jobs/{queued}/diagnosis").status_code == 404
+    user = alice.headers["Authorization"].removeprefix("Bearer ")
+    assert main(["--url", server.url, "--token", user, "explain", queued]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("no prediction (CPU): a step takes 100 ms") and "matrix products" in printed
+    assert "- checkpoints every 5 steps take 50% of the training time" in printed  # 0.5 s a checkpoint
+    wait_for(alice, running, {"running"})
+    metrics = httpx.get(f"{server.url}/metrics").text  # the cluster's scraper: no token
+    assert f'tunewright_job_step{{job_id="{running}",tenant="alice"}}' in metrics
+    assert queued not in metrics  # queued: nothing measured to report as it runs
+    assert re.search(r'tunewright_http_request_duration_seconds_count\{method="GET",'
+                     r'route="/v1/jobs/\{job_id\}/diagnosis",status="200"\} [1-9]', metrics)
+    assert f"/v1/jobs/{queued}" not in metrics  # routes by their template, never a job's id
+    for job_id in (queued, running):
+        alice.post(f"/v1/jobs/{job_id}/cancel")

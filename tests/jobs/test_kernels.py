@@ -64,37 +64,72 @@ def job(**sections) -> JobConfig:
                                 "dataset": {"train": "t.jsonl"}, **sections})
 
 
-LLAMA = SimpleNamespace(attention_dropout=0.0)
-GPT2_WITH_DROPOUT = SimpleNamespace(attn_pdrop=0.1)
-GEMMA2 = SimpleNamespace(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
-CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
+class FakeLM:
+    """What resolve reads of a causal LM: its config, its head, whether it uses the attention interface."""
+
+    _supports_attention_backend = True
+
+    def __init__(self, head=None, **config):
+        self.config, self.head = SimpleNamespace(**config), head or torch.nn.Linear(8, 16, bias=False)
+
+    def get_output_embeddings(self):
+        return self.head
 
 
-@pytest.mark.parametrize(("sections", "device", "model", "expected", "why"), [
-    ({}, CUDA, LLAMA, (VARLEN, True, True), "attention: varlen over each packed document"),
-    ({}, CPU, LLAMA, ("sdpa", True, False), "varlen attention needs CUDA"),
-    ({}, CUDA, GPT2_WITH_DROPOUT, ("sdpa", True, True), "does not do attention dropout (attn_pdrop=0.1)"),
-    ({}, CUDA, GEMMA2, ("sdpa", False, True), "loss: plain (the model's final_logit_softcapping)"),
-    ({"kernels": {"fused_loss": "off", "compile": "off"}, "model": {"attn_implementation": "eager"}}, CUDA, LLAMA,
-     ("eager", False, False), "attention: eager (asked for)"),
-    ({"kernels": {"compile": "on"}}, CPU, LLAMA, ("sdpa", True, True), "compile: decoder blocks (asked for)"),
-])
-def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, model, expected, why, monkeypatch):
+class OwnAttention(FakeLM):
+    _supports_attention_backend = False  # e.g. Falcon, remote code: builds its own masks
+
+
+LLAMA = FakeLM(attention_dropout=0.0)
+GPT2_WITH_DROPOUT = FakeLM(attn_pdrop=0.1)
+GEMMA2 = FakeLM(final_logit_softcapping=30.0, attn_logit_softcapping=50.0)
+PHI = FakeLM(head=torch.nn.Linear(8, 16, bias=True))
+LORA_ON_HEAD = FakeLM(head=torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False)))
+CUDA, CPU, BF16 = torch.device("cuda", 0), torch.device("cpu"), torch.bfloat16
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    """resolve sees varlen attention available on a Hopper GPU (this machine has none)."""
     monkeypatch.setattr("tunewright_jobs.kernels.varlen_attention_available", lambda: True)
-    kernels = resolve(job(**sections), device, model)
+    monkeypatch.setattr("torch.cuda.get_device_capability", lambda device=None: (9, 0))
+
+
+@pytest.mark.parametrize(("sections", "device", "lm", "dtype", "expected", "why"), [
+    ({}, CUDA, LLAMA, BF16, (VARLEN, True, True), "attention: varlen over each packed document"),
+    ({}, CPU, LLAMA, torch.float32, ("sdpa", True, False), "varlen attention needs CUDA"),
+    ({}, CUDA, LLAMA, torch.float32, ("sdpa", True, True), "needs bf16 or fp16 compute (this run computes in float32)"),
+    ({}, CUDA, GPT2_WITH_DROPOUT, BF16, ("sdpa", True, True), "does not do attention dropout (attn_pdrop=0.1)"),
+    ({}, CUDA, OwnAttention(), BF16, ("sdpa", True, True), "attention interface (OwnAttention does not)"),
+    ({}, CUDA, GEMMA2, BF16, ("sdpa", False, True), "loss: plain (the model's final_logit_softcapping)"),
+    ({}, CUDA, PHI, BF16, (VARLEN, False, True), "loss: plain (the output head has a bias)"),
+    ({}, CUDA, LORA_ON_HEAD, BF16, (VARLEN, False, True), "the output head is a Sequential, not a plain Linear"),
+    ({"kernels": {"fused_loss": "off", "compile": "off"}, "model": {"attn_implementation": "eager"}}, CUDA, LLAMA,
+     BF16, ("eager", False, False), "attention: eager (asked for)"),
+    ({"kernels": {"compile": "on"}}, CPU, LLAMA, torch.float32, ("sdpa", True, True),
+     "compile: decoder blocks (asked for)"),
+])
+def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, lm, dtype, expected, why, hopper):
+    kernels = resolve(job(**sections), device, lm, dtype)
     assert (kernels.attention, kernels.fused_loss, kernels.compile_blocks) == expected
     assert why in kernels.describe()
 
 
-@pytest.mark.parametrize(("sections", "device", "model", "field"), [
-    ({"model": {"attn_implementation": "varlen"}}, CPU, LLAMA, "model.attn_implementation: varlen needs CUDA"),
-    ({"model": {"attn_implementation": "varlen"}}, CUDA, GPT2_WITH_DROPOUT, "without attention dropout"),
-    ({"kernels": {"fused_loss": "on"}}, CUDA, GEMMA2, "kernels.fused_loss: the output head is not a plain"),
+def test_an_older_gpu_gets_sdpa(hopper, monkeypatch):
+    monkeypatch.setattr("torch.cuda.get_device_capability", lambda device=None: (7, 0))  # V100
+    assert "attention: sdpa (varlen attention needs an Ampere or newer GPU)" in resolve(job(), CUDA, LLAMA,
+                                                                                      BF16).describe()
+
+
+@pytest.mark.parametrize(("sections", "device", "lm", "field"), [
+    ({"model": {"attn_implementation": "varlen"}}, CPU, LLAMA, "model.attn_implementation: varlen attention needs CUDA"),
+    ({"model": {"attn_implementation": "varlen"}}, CUDA, GPT2_WITH_DROPOUT, "varlen attention does not do attention dropout"),
+    ({"kernels": {"fused_loss": "on"}}, CUDA, GEMMA2, "kernels.fused_loss: the model's final_logit_softcapping"),
+    ({"kernels": {"fused_loss": "on"}}, CUDA, PHI, "kernels.fused_loss: the output head has a bias"),
 ])
-def test_a_forced_path_that_cannot_run_is_refused_naming_the_field(sections, device, model, field, monkeypatch):
-    monkeypatch.setattr("tunewright_jobs.kernels.varlen_attention_available", lambda: True)
+def test_a_forced_path_that_cannot_run_is_refused_naming_the_field(sections, device, lm, field, hopper):
     with pytest.raises(ValueError, match=field):
-        resolve(job(**sections), device, model)
+        resolve(job(**sections), device, lm, BF16)
 
 
 @pytest.mark.parametrize(("kind", "method"), [("gpt2", "lora"), ("llama", "full")])  # tied head; a head that trains
@@ -152,3 +187,18 @@ def test_varlen_attention_inside_the_model_equals_sdpa_with_the_block_mask(tiny_
     torch.testing.assert_close(varlen, masked, rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="without the packing's offsets"):
         model(input_ids=ids)
+
+
+def test_frozen_weights_leave_fsdp_only_where_nothing_needs_them_there():
+    """One-GPU shards: a frozen weight already in the compute dtype is left out of FSDP (nothing to gather,
+    cast or reduce); one in another dtype stays (FSDP casts it: a bf16 base under fp32 compute); sharded or
+    offloaded runs keep everything in FSDP."""
+    from tunewright_jobs.parallel import one_gpu_shards
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.bfloat16), torch.nn.Linear(4, 4))
+    model[0].requires_grad_(False)
+    frozen_bf16 = set(model[0].parameters())
+    assert one_gpu_shards(model, shard_size=1, offload=False, dtype=torch.bfloat16) == {"ignored_params": frozen_bf16}
+    assert one_gpu_shards(model, shard_size=1, offload=False, dtype=torch.float32) == {}
+    assert one_gpu_shards(model, shard_size=2, offload=False, dtype=torch.bfloat16) == {}
+    assert one_gpu_shards(model, shard_size=1, offload=True, dtype=torch.bfloat16) == {}

@@ -5,6 +5,7 @@
   tunewright submit job.yaml [--watch]               upload local data, submit, print the job (or watch it)
   tunewright jobs [--status S] | get | watch | logs [-f] | events [--all] | metrics | checkpoints JOB
   tunewright cancel | delete | download JOB          stop, forget, fetch the trained adapter or model
+  tunewright explain JOB                             why is it slow: predicted vs measured, what to do
   tunewright files upload|list|get|delete            datasets
   tunewright plan job.yaml --pool NAME               dry run on a GPU pool: plan, predictions, rejected options
   tunewright pools list|get|create                   GPU pools the planner plans on
@@ -238,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("watch", "follow a job's progress until it ends (exit 1 unless it succeeds)"),
                        ("cancel", "stop a queued or running job"),
                        ("delete", "forget a finished job: its records, run folder, checkpoints and export"),
-                       ("checkpoints", "a job's committed checkpoints, newest first")):
+                       ("checkpoints", "a job's committed checkpoints, newest first"),
+                       ("explain", "why is it slow? predicted and measured per part of a step, and what to do")):
         sub.add_parser(name, help=text).add_argument("job_id", metavar="JOB", help="a job id")
     p = sub.add_parser("logs", help="what a job's run printed")
     p.add_argument("job_id", metavar="JOB", help="a job id")
@@ -326,6 +328,8 @@ def run(args, parser: argparse.ArgumentParser) -> int:
         render.emit(client.request("POST", f"/v1/jobs/{args.job_id}/cancel"), out, render.job_text)
     elif command == "delete":
         render.emit(client.request("DELETE", f"/v1/jobs/{args.job_id}"), out, lambda d: f"deleted {d['id']}")
+    elif command == "explain":
+        render.emit(client.request("GET", f"/v1/jobs/{job_id_of(args.job_id)}/diagnosis"), out, render.diagnosis_text)
     elif command == "checkpoints":
         render.emit(client.pages(f"/v1/jobs/{args.job_id}/checkpoints"), out, render.checkpoints_table,
                     empty="No checkpoints (none committed yet, or the job kept none).")

@@ -131,6 +131,27 @@ def plan_text(answer: dict) -> str:
     return "\n".join(lines)
 
 
+def diagnosis_text(found: dict) -> str:
+    """`tunewright explain`: the verdict, predicted and measured per component (ms a step), the findings."""
+    ms = lambda s: "-" if s is None else f"{s * 1000:,.0f} ms"  # noqa: E731
+    head = found["status"]
+    if found.get("gap") is not None:
+        head += (f": a step takes {ms(found['measuredStepSeconds'])} against {ms(found['predictedStepSeconds'])} "
+                 f"predicted ({found['gap']:+.0%})")
+    elif found.get("measuredStepSeconds") is not None:
+        head += f": a step takes {ms(found['measuredStepSeconds'])}"
+    lines = [head]
+    if found["components"]:
+        rows = [[c["name"], ms(c.get("predictedSeconds")), ms(c.get("measuredSeconds")),
+                 "-" if c.get("measuredShare") is None else f"{c['measuredShare']:.0%}"]
+                for c in found["components"]]
+        lines += ["", columns(["COMPONENT", "PREDICTED", "MEASURED", "SHARE"], rows), ""]
+    if found.get("goodput") is not None:
+        lines.append(f"goodput: {found['goodput']:.0%} of the time the GPUs were held went to training steps")
+    lines += [f"- {finding}" for finding in found["findings"]]
+    return "\n".join(lines)
+
+
 def files_table(files: list[dict]) -> str:
     return columns(["ID", "FILENAME", "PURPOSE", "FORMAT", "EXAMPLES", "BYTES", "AGE"],
                    [[f["id"], f["filename"], f["purpose"], f["format"], f["examples"], f["bytes"],

@@ -5,7 +5,9 @@ from sqlmodel import select
 
 from tunewright_api.auth import SessionDep
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Job
+from tunewright_api.models import Job, Tenant
+from tunewright_api.prometheus import HISTOGRAM, gauge
+from tunewright_api.services.diagnosis import job_telemetry_latest
 
 router = APIRouter(tags=["health"])
 
@@ -24,9 +26,29 @@ def readyz(session: SessionDep, request: Request) -> dict:
     return {"status": "ready", "backend": request.app.state.settings.backend}
 
 
+# What each running job reports: (metric, help, the value in its telemetry's `latest`)
+RUNNING_JOB_GAUGES = (
+    ("tunewright_job_tokens_per_second", "Trained tokens per second, all workers (latest step).", "tokensPerSecond"),
+    ("tunewright_job_mfu", "Model FLOPs utilization, measured (planner's FLOPs and peak).", "mfu"),
+    ("tunewright_job_comm_share", "Share of the step in collectives (last profiler window).", "commShare"),
+    ("tunewright_job_comm_share_exposed", "Share of the step in collectives no compute hides.", "commShareExposed"),
+    ("tunewright_job_gpu_busy_share", "Share of the profiled steps any GPU kernel ran (not SM-active).",
+     "gpuBusyShare"),
+    ("tunewright_job_goodput", "Step time over the time the GPUs were held.", "goodput"),
+    ("tunewright_job_cost_usd", "GPUs held x time x the pool's price, so far.", "costUSD"),
+)
+
+
 @router.get("/metrics", response_class=PlainTextResponse)
 def prometheus(session: SessionDep) -> str:
     lines = ["# HELP tunewright_jobs Jobs by status.", "# TYPE tunewright_jobs gauge"]
     for status, count in session.exec(select(Job.status, func.count()).group_by(Job.status)).all():
         lines.append(f'tunewright_jobs{{status="{status}"}} {count}')
+    running = session.exec(select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
+                           .where(Job.status == "running")).all()
+    latest = [({"job_id": job.id, "tenant": tenant}, job_telemetry_latest(session, job)) for job, tenant in running]
+    for name, help_text, key in RUNNING_JOB_GAUGES:
+        lines += gauge(name, help_text, [(labels, values.get(key)) for labels, values in latest])
+    lines += gauge("tunewright_job_step", "Optimizer steps done.", [(labels, values["step"]) for labels, values in latest])
+    lines += HISTOGRAM.lines()
     return "\n".join(lines) + "\n"

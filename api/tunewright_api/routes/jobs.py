@@ -1,4 +1,5 @@
-"""Native jobs: POST the FineTuneJob spec; list, get, cancel, events, metrics, checkpoints, logs."""
+"""Native jobs: POST the FineTuneJob spec; list, get, cancel, events, metrics, telemetry, diagnosis,
+checkpoints, logs."""
 
 from typing import Annotated
 
@@ -7,9 +8,10 @@ from fastapi.responses import FileResponse
 
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
+from tunewright_api.diagnosis import Diagnosis
 from tunewright_api.models import JobPublic, ListEnvelope
 from tunewright_api.routes.links import links_from
-from tunewright_api.services import artifacts, jobs
+from tunewright_api.services import artifacts, diagnosis, jobs
 from tunewright_api.states import JobStatus
 from tunewright_operator.spec import FineTuneJobSpec
 
@@ -19,7 +21,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 @router.post("", status_code=201, responses=links_from(201, "id", "job_id", *(
     (method, f"/v1/jobs/{{job_id}}{tail}") for method, tail in (
         ("get", ""), ("post", "/cancel"), ("get", "/events"), ("get", "/metrics"), ("get", "/checkpoints"),
-        ("get", "/logs")))))
+        ("get", "/logs"), ("get", "/telemetry"), ("get", "/diagnosis")))))
 def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, settings: SettingsDep,
                tenant: CurrentTenant) -> JobPublic:
     return JobPublic.of(jobs.submit(session=session, backend=backend, tenant=tenant, spec=spec,
@@ -63,6 +65,20 @@ def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
                 max_points: Annotated[int, Query(ge=2, le=10000)] = 500) -> ListEnvelope:
     """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
     return jobs.metric_points(session=session, tenant=tenant, job_id=job_id, max_points=max_points)
+
+
+@router.get("/{job_id}/telemetry")
+def job_telemetry(job_id: str, session: SessionDep, tenant: CurrentTenant) -> dict:
+    """Measured beside predicted, now and over time: tokens/s, MFU, communication share, GPU busy share,
+    goodput, data wait, cost (so far, per million trained tokens, projected); per step and per profiler window."""
+    return diagnosis.job_telemetry(session=session, tenant=tenant, job_id=job_id)
+
+
+@router.get("/{job_id}/diagnosis")
+def job_diagnosis(job_id: str, session: SessionDep, tenant: CurrentTenant) -> Diagnosis:
+    """Why is it slow? Predicted and measured per component of a step, what dominates, what explains the gap
+    to the prediction, and what to do about it."""
+    return diagnosis.job_diagnosis(session=session, tenant=tenant, job_id=job_id)
 
 
 @router.get("/{job_id}/checkpoints")

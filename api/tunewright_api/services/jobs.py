@@ -168,11 +168,17 @@ def events_page(*, session: Session, tenant: Tenant, job_id: str, param: str, li
 def metric_points(*, session: Session, tenant: Tenant, job_id: str, max_points: int) -> ListEnvelope:
     """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
     owned_job(session=session, tenant=tenant, job_id=job_id)
+    return ListEnvelope(data=[{"step": p.step, "time": p.time, **p.data} for p in sampled_points(session, job_id,
+                                                                                               max_points)])
+
+
+def sampled_points(session: Session, job_id: str, max_points: int) -> list[MetricPoint]:
+    """The job's metric points in step order, evenly downsampled to at most `max_points` (the last kept)."""
     points = session.exec(select(MetricPoint).where(MetricPoint.job_id == job_id).order_by(MetricPoint.step)).all()
     if len(points) > max_points:
         stride = len(points) / (max_points - 1)
         points = [points[int(i * stride)] for i in range(max_points - 1)] + [points[-1]]
-    return ListEnvelope(data=[{"step": p.step, "time": p.time, **p.data} for p in points])
+    return points
 
 
 def checkpoints(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int,

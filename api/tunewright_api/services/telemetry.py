@@ -139,6 +139,7 @@ def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
             if job.cluster:
                 record = record.model_copy(update={"uri": volume_uri(record.uri)})
             register_checkpoint(session, job, record)
+            job.checkpoint_seconds += record.seconds or 0.0
         case EndRecord():
             job.result = record.model_dump(mode="json", exclude={"event", "time"})
             if job.cluster:  # where a user finds the trained model: on the claim, not inside a pod

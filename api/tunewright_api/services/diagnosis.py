@@ -1,0 +1,85 @@
+"""A job's measured telemetry over time, and its diagnosis: read-only, one tenant's jobs."""
+
+from __future__ import annotations
+
+from sqlmodel import Session, select
+
+from tunewright_api.diagnosis import Diagnosis, Observed, diagnose
+from tunewright_api.models import Job, JobEvent, MetricPoint, Tenant, now
+from tunewright_api.services.jobs import owned_job, sampled_points
+from tunewright_api.telemetry import aware
+
+RECENT_POINTS = 50  # the steps a diagnosis reads: recent enough to be the job as it runs now
+SERIES_POINTS = 500
+# Not measured by the runtime yet (DESIGN.md's GPU utilization): said, not faked.
+SM_ACTIVE_UNAVAILABLE = ("not measured: the runtime does not sample NVML GPM (SM-active, tensor-active, DRAM "
+                         "bandwidth) yet; gpuBusyShare is the profiler's kernel-active share, not SM-active")
+
+
+def held_seconds(job: Job) -> float | None:
+    if job.started_at is None:
+        return None
+    return max(0.0, (aware(job.finished_at or now()) - aware(job.started_at)).total_seconds())
+
+
+def observed(session: Session, job: Job) -> Observed:
+    recent = session.exec(select(MetricPoint).where(MetricPoint.job_id == job.id)
+                          .order_by(MetricPoint.step.desc()).limit(RECENT_POINTS)).all()
+    every = ((job.spec.get("checkpoint") or {}).get("everySteps"))
+    return Observed(steps=job.step, points=[p.data for p in reversed(recent)], comm=job.comm,
+                    checkpoint_seconds=job.checkpoint_seconds, held_seconds=held_seconds(job),
+                    checkpoint_every=every)
+
+
+def job_diagnosis(*, session: Session, tenant: Tenant, job_id: str) -> Diagnosis:
+    job = owned_job(session=session, tenant=tenant, job_id=job_id)
+    return diagnose(job.job_plan, observed(session, job))
+
+
+def job_telemetry_latest(session: Session, job: Job) -> dict:
+    """The job's measured values now (camelCase), as its telemetry's `latest` and `/metrics` report them."""
+    plan = job.job_plan
+    predicted = plan.predicted if plan else None
+    latest = job.telemetry(plan).model_dump(by_alias=True)
+    found = diagnose(plan, observed(session, job))
+    cost = latest.get("costUSD")
+    progress = job.progress()
+    return latest | {
+        "step": job.step, "tokensPerSecond": job.tokens_per_second,
+        "goodput": found.goodput,
+        "dataWaitShare": next((c.measured_share for c in found.components if c.name == "data wait"), None),
+        "gpuBusyShare": (job.comm or {}).get("gpu_busy_share"),
+        "smActive": None, "smActiveUnavailable": SM_ACTIVE_UNAVAILABLE,
+        "costPerMillionTokensUSD": cost / job.trained_tokens * 1e6 if cost is not None and job.trained_tokens else None,
+        "projectedCostUSD": (cost + progress.eta_seconds * predicted.cost_usd / predicted.duration_seconds
+                             if cost is not None and progress.eta_seconds is not None and predicted
+                             and predicted.duration_seconds else None),
+    }
+
+
+def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> dict:
+    """The latest measured values beside the plan's, and their series: per logged step, and per profiler
+    window (communication and how busy the GPU was)."""
+    job = owned_job(session=session, tenant=tenant, job_id=job_id)
+    plan = job.job_plan
+    predicted = plan.predicted if plan else None
+    latest = job_telemetry_latest(session, job)
+    points = sampled_points(session, job.id, SERIES_POINTS)
+
+    def mfu(tokens_per_second: float | None) -> float | None:
+        if not (tokens_per_second and predicted and predicted.tokens_per_second):
+            return None
+        return predicted.mfu * tokens_per_second / predicted.tokens_per_second
+
+    series = [{"step": p.step, "time": p.time, "loss": p.data.get("loss"),
+               "tokensPerSecond": p.data.get("tokens_per_second"), "mfu": mfu(p.data.get("tokens_per_second")),
+               "stepSeconds": p.data.get("step_seconds"), "dataSeconds": p.data.get("data_seconds"),
+               "peakMemoryGiB": p.data.get("peak_memory_gib")} for p in points]
+    windows = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics")
+                           .order_by(JobEvent.id)).all()
+    comm = [{"step": e.data["step"], "commShare": e.data["comm_share"],
+             "commShareExposed": e.data["comm_share_exposed"], "gpuBusyShare": e.data.get("gpu_busy_share")}
+            for e in windows if e.data and "comm_share" in e.data]
+    return {"object": "tunewright.job.telemetry", "job_id": job.id, "status": job.status,
+            "predicted": predicted.model_dump(by_alias=True) if predicted else None, "latest": latest,
+            "series": series, "comm": comm}
