@@ -48,7 +48,7 @@ class Diagnosis(CamelModel):
     gap: float | None = Field(default=None, description="measured / predicted step - 1")
     dominant: str | None = Field(default=None, description="The component that takes most of the step.")
     explains_gap: str | None = Field(default=None, description="The component furthest over its prediction.")
-    goodput: float | None = Field(default=None, description="Step time / time the GPUs were held.")
+    goodput: float | None = Field(default=None, description="Step time / time the workers (GPUs) were held.")
     components: list[Component] = Field(default_factory=list)
     findings: list[str] = Field(default_factory=list, description="What was measured, then what to do.")
 
@@ -182,9 +182,7 @@ def suggestions(plan: JobPlan | None, obs: Observed, measured: dict[str, float],
                         "the prediction" + (f"; the GPU idled {1 - busy:.0%} of the profiled steps (launch-bound: "
                                             "a larger micro-batch gives each launch more work)"
                                             if busy is not None and busy < 0.9 else ""))
-        elif name == "compute" and share[name] > 0.5:
-            said.append(f"compute takes {share[name]:.0%} of the step: the job is bound by its arithmetic")
     if found.goodput is not None and found.goodput < 0.8:
-        said.append(f"{found.goodput:.0%} of the time the GPUs were held went to training steps: the rest was "
-                    "start-up, evaluation, checkpoints and waits")
+        said.append(f"{found.goodput:.0%} of the time the workers were held went to training steps: the rest "
+                    "was start-up, evaluation, checkpoints and waits")
     return said

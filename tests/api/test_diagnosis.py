@@ -88,7 +88,7 @@ def slow_link(row: dict, factor: float) -> Observed:
      "compute", None, "checkpoints every 50 steps take 18% of the training time"),
     # a job that waited for its GPUs: half the held time went to steps
     ("start-up", plan_for(FSDP_1B), observed_from(FSDP_1B, held=100 * 0.34 * 2), "on plan", "compute", None,
-     "50% of the time the GPUs were held went to training steps"),
+     "50% of the time the workers were held went to training steps"),
 ])
 def test_recorded_runs_are_diagnosed(case, plan, observed, status, dominant, explains, finding):
     found = diagnose(plan, observed)

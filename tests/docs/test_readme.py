@@ -65,6 +65,7 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
     assert "succeeded [" in done.stdout and (tmp_path / "my-adapter" / "adapter" / "adapter_config.json").is_file()
 
 
+@pytest.mark.slow  # starts the API in a fresh shell
 def test_the_readme_plan_runs_as_written(tmp_path):
     """Describe a pool, then plan the cluster example on it: the block as written, with an admin token."""
     port = free_port()

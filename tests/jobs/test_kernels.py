@@ -132,6 +132,7 @@ def test_a_forced_path_that_cannot_run_is_refused_naming_the_field(sections, dev
         resolve(job(**sections), device, lm, BF16)
 
 
+@pytest.mark.slow  # trains four short runs
 @pytest.mark.parametrize(("kind", "method"), [("gpt2", "lora"), ("llama", "full")])  # tied head; a head that trains
 def test_a_run_with_the_fused_loss_follows_the_plain_runs_curve(tiny_models, tmp_path, kind, method):
     """The same data, seed and steps with the fused loss on and off: the same losses, step by step (the

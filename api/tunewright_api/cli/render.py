@@ -147,7 +147,7 @@ def diagnosis_text(found: dict) -> str:
                 for c in found["components"]]
         lines += ["", columns(["COMPONENT", "PREDICTED", "MEASURED", "SHARE"], rows), ""]
     if found.get("goodput") is not None:
-        lines.append(f"goodput: {found['goodput']:.0%} of the time the GPUs were held went to training steps")
+        lines.append(f"goodput: {found['goodput']:.0%} (training steps / the time the workers were held)")
     lines += [f"- {finding}" for finding in found["findings"]]
     return "\n".join(lines)
 
