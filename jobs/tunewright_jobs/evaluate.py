@@ -10,9 +10,9 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tunewright_jobs.data import IGNORE_INDEX, Rows
+from tunewright_jobs.kernels import plain_cross_entropy
 from tunewright_jobs.parallel import Dist
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,7 @@ def token_loss_sum(model, batch: Rows, device: torch.device) -> tuple[torch.Tens
     """(sum of token cross-entropies, the logits' argmax) over the batch's labelled tokens."""
     logits = model(input_ids=torch.as_tensor(batch.input_ids, device=device),
                    position_ids=torch.as_tensor(batch.position_ids, device=device), use_cache=False).logits
-    labels = torch.as_tensor(batch.labels, device=device)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
-    return loss, logits.argmax(-1)
+    return plain_cross_entropy(logits, torch.as_tensor(batch.labels, device=device)), logits.argmax(-1)
 
 
 @torch.no_grad()

@@ -233,8 +233,7 @@ def plain_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Ten
 
 def causal_lm(model):
     """The Hugging Face causal LM inside PEFT's wrappers (the module whose forward holds the head)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def install_fused_loss(model) -> None:

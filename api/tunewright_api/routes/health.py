@@ -46,7 +46,8 @@ def prometheus(session: SessionDep) -> str:
         lines.append(f'tunewright_jobs{{status="{status}"}} {count}')
     running = session.exec(select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
                            .where(Job.status == "running")).all()
-    latest = [({"job_id": job.id, "tenant": tenant}, job_telemetry_latest(session, job)) for job, tenant in running]
+    latest = [({"job_id": job.id, "tenant": tenant}, job_telemetry_latest(session, job, job.job_plan))
+              for job, tenant in running]
     for name, help_text, key in RUNNING_JOB_GAUGES:
         lines += gauge(name, help_text, [(labels, values.get(key)) for labels, values in latest])
     lines += gauge("tunewright_job_step", "Optimizer steps done.", [(labels, values["step"]) for labels, values in latest])

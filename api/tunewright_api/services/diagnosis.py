@@ -8,6 +8,7 @@ from tunewright_api.diagnosis import Diagnosis, Observed, diagnose
 from tunewright_api.models import Job, JobEvent, MetricPoint, Tenant, now
 from tunewright_api.services.jobs import owned_job, sampled_points
 from tunewright_api.telemetry import aware
+from tunewright_operator.spec import JobPlan
 
 RECENT_POINTS = 50  # the steps a diagnosis reads: recent enough to be the job as it runs now
 SERIES_POINTS = 500
@@ -36,9 +37,9 @@ def job_diagnosis(*, session: Session, tenant: Tenant, job_id: str) -> Diagnosis
     return diagnose(job.job_plan, observed(session, job))
 
 
-def job_telemetry_latest(session: Session, job: Job) -> dict:
-    """The job's measured values now (camelCase), as its telemetry's `latest` and `/metrics` report them."""
-    plan = job.job_plan
+def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> dict:
+    """The job's measured values now (camelCase) beside `plan` (the job's, parsed once by the caller), as its
+    telemetry's `latest` and `/metrics` report them."""
     predicted = plan.predicted if plan else None
     latest = job.telemetry(plan).model_dump(by_alias=True)
     found = diagnose(plan, observed(session, job))
@@ -63,7 +64,7 @@ def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> dict:
     job = owned_job(session=session, tenant=tenant, job_id=job_id)
     plan = job.job_plan
     predicted = plan.predicted if plan else None
-    latest = job_telemetry_latest(session, job)
+    latest = job_telemetry_latest(session, job, plan)
     points = sampled_points(session, job.id, SERIES_POINTS)
 
     def mfu(tokens_per_second: float | None) -> float | None:
