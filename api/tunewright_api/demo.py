@@ -1,8 +1,8 @@
 """`make demo`: the whole path a user takes, on this machine.
 
 Starts the API (SQLite, local backend), builds the tiny model kit, creates a tenant token, uploads the
-dataset, submits a LoRA job through the REST API, watches it with a progress bar, prints a summary, and
-shuts the API down.
+dataset, submits a LoRA job through the REST API, watches it with a progress bar (and prints the link to its
+page on the web dashboard), prints a summary, and shuts the API down, saying how to serve it again.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -57,6 +58,21 @@ def wait_healthy(client: Client, server: subprocess.Popen, timeout: float = 60) 
             if server.poll() is not None or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def dashboard_url(url: str, token: str, job_id: str) -> str:
+    """The job's page on the dashboard, signed in: the token rides in the fragment, which the browser never sends
+    (the page moves it to the tab's storage and clears it from the address bar)."""
+    return f"{url}/ui/#token={token}&to=/jobs/{job_id}"
+
+
+def serve_again(data_dir: Path, token: str, job_id: str) -> str:
+    """How to look at the finished job after the demo: its API, on the same data, and the page's link."""
+    tunewright = Path(sys.executable).with_name("tunewright")
+    command = shlex.quote(str(tunewright)) if tunewright.exists() else f"{shlex.quote(sys.executable)} -m tunewright_api.cli"
+    return (f"dashboard, later   the demo's API has stopped; to open the job again, serve its data:\n"
+            f"                   TUNEWRIGHT_DATA_DIR={shlex.quote(str(data_dir))} {command} serve --port 8000\n"
+            f"                   then open {dashboard_url('http://127.0.0.1:8000', token, job_id)}")
 
 
 def communication(telemetry: dict) -> str:
@@ -112,12 +128,16 @@ def main() -> int:
                             "validation": kit["dataset"]["validation"]}}
         job = client.submit(spec)
         print(f"submitted {job['id']} through POST /v1/jobs\n{job['plan']['explanation']}", flush=True)
+        print(f"dashboard          {dashboard_url(url, token, job['id'])}\n"
+              "                   (open it now: the loss, tokens/s and communication share as the job runs)", flush=True)
         job = watch(client, job["id"])
         if job["status"] != "succeeded":
+            print(serve_again(out / "api", token, job["id"]))
             return ended(job)  # one line naming why, and where the run's output is
         metrics = client.request("GET", f"/v1/jobs/{job['id']}/metrics")["data"]
         print("\n=== tunewright demo: LoRA fine-tune through the REST API, on local Ray ===")
         print(summary(job, metrics))
+        print(serve_again(out / "api", token, job["id"]))
         return 0
     except RequestFailed as err:
         print(f"error: {err}\n(API log: {out / 'api.log'})", file=sys.stderr)

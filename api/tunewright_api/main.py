@@ -14,7 +14,7 @@ from tunewright_api.backends import make_backend
 from tunewright_api.db import make_engine, migrate
 from tunewright_api.limits import RequestLimits
 from tunewright_api.prometheus import RequestTimer
-from tunewright_api.routes import files, fine_tuning, health, jobs, pools, telemetry, tokens
+from tunewright_api.routes import files, fine_tuning, health, jobs, pools, telemetry, tokens, ui
 from tunewright_api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.add_middleware(RequestTimer)  # outermost: a request's whole time, refusals and errors included
     for router in (health.router, tokens.router, files.router, jobs.router, fine_tuning.router, pools.router,
-                   telemetry.router):
+                   telemetry.router, ui.router):
         app.include_router(router)
     return app
 

@@ -23,8 +23,9 @@ from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
 
 
-class PoolCreate(CamelModel):
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+class PoolDescription(CamelModel):
+    """A GPU pool as the planner sees it."""
+
     gpu: Literal[tuple(GPUS)]  # type: ignore[valid-type]
     gpus_per_node: int = Field(gt=0, le=64)
     max_nodes: int = Field(gt=0, le=4096)
@@ -33,6 +34,10 @@ class PoolCreate(CamelModel):
     price_per_gpu_hour: float = Field(ge=0, alias="pricePerGPUHour")
     host_memory_gib: float | None = Field(default=None, gt=0, alias="hostMemoryGiB",
                                           description="Host memory per node (CPU offload); default 2x its GPU memory")
+
+
+class PoolCreate(PoolDescription):
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 def pool_public(p: GpuPool) -> dict:
@@ -68,9 +73,15 @@ def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: A
     return pool_public(pool)
 
 
+DESCRIBED_POOL = "described"  # the name a plan on `poolSpec` carries
+
+
 class PlanRequest(CamelModel):
     spec: FineTuneJobSpec
-    pool: str
+    pool: str | None = Field(default=None, description="A pool by name (GET /v1/pools); or give poolSpec.")
+    pool_spec: PoolDescription | None = Field(default=None, description=(
+        "A pool described here, for this plan only (nothing is kept; no admin token needed): the fields of "
+        f"POST /v1/pools but the name; the plan names it {DESCRIBED_POOL!r}."))
     dataset_tokens: int | None = Field(default=None, gt=0, description="Tokens in the training set (for epochs).")
 
 
@@ -85,8 +96,13 @@ class PlanResponse(BaseModel):
 def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, settings: SettingsDep,
               tenant: CurrentTenant) -> PlanResponse:
     """Dry run: the plan, its predictions, and the alternatives rejected with their reasons."""
-    described = session.get(GpuPool, body.pool)
-    pool = pool_of(described) if described else backend.pool(body.pool)
+    if (body.pool is None) == (body.pool_spec is None):
+        raise ApiError(422, "name a pool (pool) or describe one (poolSpec): one of the two", "pool", "invalid_value")
+    if body.pool_spec is not None:
+        pool_name, pool = DESCRIBED_POOL, pool_of(GpuPool(name=DESCRIBED_POOL, **body.pool_spec.model_dump()))
+    else:
+        described = session.get(GpuPool, body.pool)
+        pool_name, pool = body.pool, pool_of(described) if described else backend.pool(body.pool)
     if pool is None:
         own = {p["name"] for p in backend.pools()}
         hint = (" (that pool is this machine's: its jobs are planned when submitted, and the planner models GPU "
@@ -103,5 +119,5 @@ def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, setti
                                       param="spec.dataset.train")
             dataset_tokens = dataset_tokens_of(train.bytes)
     chosen = plan_on(spec=body.spec, profile=profile, pool=pool, dataset_tokens=dataset_tokens, spec_param="spec")
-    return PlanResponse(pool=body.pool, model={"name": profile.name, "parameters": profile.params,
+    return PlanResponse(pool=pool_name, model={"name": profile.name, "parameters": profile.params,
                                                     "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)
