@@ -72,13 +72,14 @@ class Run(NamedTuple):
     cpu_offload: bool = False
     seq_len: int = 2048
     hsdp_shard: int = 0  # GPUs per HSDP shard group
+    data: str = "fixed"  # rows of seq_len tokens, or "variable": chats of many lengths, packed (vs_hf.py's)
 
     @property
     def name(self) -> str:
         return (f"{self.model}-{self.method}-{self.strategy}-{self.gpus}gpu"
                 + (f"-g{self.hsdp_shard}" if self.hsdp_shard else "") + f"-mb{self.micro_batch}"
                 + ("-ac" if self.activation_checkpointing else "") + ("-offload" if self.cpu_offload else "")
-                + (f"-s{self.seq_len}" if self.seq_len != 2048 else ""))
+                + (f"-s{self.seq_len}" if self.seq_len != 2048 else "") + ("-var" if self.data == "variable" else ""))
 
 
 MATRICES = {
@@ -95,6 +96,9 @@ MATRICES = {
         Run("llama-3b", "full", "single", 1, 4, True), Run("llama-3b", "lora", "single", 1, 8, True),
         Run("qwen-0.5b", "full", "single", 1, 8), Run("qwen-0.5b", "lora", "single", 1, 4, True),
         Run("llama-1b", "full", "single", 1, 8, False, True), Run("llama-3b", "full", "single", 1, 4, False, True),
+        # packed variable-length rows (held out): documents of many lengths share a row
+        Run("llama-1b", "lora", "single", 1, 8, data="variable"), Run("llama-1b", "full", "single", 1, 8, data="variable"),
+        Run("qwen-0.5b", "full", "single", 1, 8, data="variable"),
     ],
     "calibration-2gpu": [
         Run("llama-1b", "lora", "ddp", 2, 8), Run("llama-1b", "full", "ddp", 2, 8),
@@ -176,7 +180,8 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
         "name": run.name.replace("_", "-"), "output_dir": str(out),
         "model": {"source": str(info["path"])},
         "method": {"type": run.method, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
-        "dataset": {"train": str(work / "data.jsonl"), "format": "text"},
+        "dataset": {"train": str(work / ("variable.jsonl" if run.data == "variable" else "data.jsonl")),
+                    "format": "chat" if run.data == "variable" else "text"},
         "hyperparameters": {"max_steps": steps, "learning_rate": 1e-4, "seq_len": seq_len, "warmup_ratio": 0.0,
                             "global_batch_size": run.micro_batch * run.gpus},
         "strategy": {"type": run.strategy, "num_workers": run.gpus, "use_gpu": not smoke,
@@ -213,7 +218,14 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
         "peak_memory_reserved_gib": max((r.get("peak_memory_reserved_gib") or 0.0) for r in steps_),
         "mfu": tokens_per_second / run.gpus * flops / PEAK_FLOPS,
         "steps_measured": len(steps_),
+        "tokens_per_step_median": statistics.median(r["tokens"] for r in steps_),
     })
+    if run.data == "variable":  # what packing and the attention over documents cost depend on
+        from vs_hf import token_lengths
+
+        lengths = token_lengths(info["path"], work / "variable.jsonl", "chat", seq_len)
+        row["document_tokens"] = {"mean": statistics.fmean(lengths), "median": statistics.median(lengths),
+                                  "mean_square": statistics.fmean(n * n for n in lengths), "max": max(lengths)}
     if comm:
         row.update({k: comm[-1][k] for k in ("comm_share", "comm_share_exposed", "comm_seconds_per_step",
                                              "exposed_comm_seconds_per_step", "profiled_step_seconds")})
@@ -271,6 +283,10 @@ def main() -> int:
         runs = [run._replace(micro_batch=2) for run in runs]
     longest = 128 if args.smoke else max(run.seq_len for run in runs)
     write_dataset(args.work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=longest)
+    if any(run.data == "variable" for run in runs):
+        from vs_hf import write_variable
+
+        write_variable(args.work / "variable.jsonl", 200 if args.smoke else 2500, longest)
 
     models = {}
     needed = {run.model for run in runs}

@@ -150,7 +150,15 @@ def suggestions(plan: JobPlan | None, obs: Observed, measured: dict[str, float],
         if name == "exposed communication":
             line = (f"exposed communication is {share[name]:.0%} of the step"
                     + (f" vs {p.exposed_comm_share:.0%} predicted" if p else ""))
-            if p and comm.get("comm_seconds_per_step"):
+            wait = comm.get("wait_seconds_per_step")
+            transfer = comm.get("transfer_seconds_per_step")
+            if wait is not None and transfer is not None and comm.get("comm_seconds_per_step"):
+                line += (f"; of the collectives' {comm['comm_seconds_per_step'] * 1000:.0f} ms a step, "
+                         f"{wait * 1000:.0f} ms is waiting for the slowest rank (rank {comm.get('slowest_rank')}) "
+                         f"and {transfer * 1000:.0f} ms transfer")
+                if p and transfer > 0:
+                    line += f", which runs at {p.comm_seconds / transfer:.0%} of the speed the pool's declared links predict"
+            elif p and comm.get("comm_seconds_per_step"):
                 speed = p.comm_seconds / comm["comm_seconds_per_step"]
                 line += (f": the collectives ran at {speed:.0%} of the speed the pool's declared links "
                          "predict (a slower link, or ranks waiting for the slowest one)")
@@ -182,6 +190,12 @@ def suggestions(plan: JobPlan | None, obs: Observed, measured: dict[str, float],
                         "the prediction" + (f"; the GPU idled {1 - busy:.0%} of the profiled steps (launch-bound: "
                                             "a larger micro-batch gives each launch more work)"
                                             if busy is not None and busy < 0.9 else ""))
+    slowest, median = comm.get("rank_own_seconds_max"), comm.get("rank_own_seconds_median")
+    wait = comm.get("wait_seconds_per_step")
+    if slowest and median and wait is not None and slowest > (1 + ON_PLAN) * median and wait / step >= NOTABLE:
+        said.append(f"rank {comm.get('slowest_rank')} is a straggler: its own work takes {slowest * 1000:.0f} ms a "
+                    f"step against the ranks' median {median * 1000:.0f}, and the others wait for it "
+                    f"({wait / step:.0%} of the step on average): look for a slower GPU or a busier host on its node")
     if found.goodput is not None and found.goodput < 0.8:
         said.append(f"{found.goodput:.0%} of the time the workers were held went to training steps: the rest "
                     "was start-up, evaluation, checkpoints and waits")

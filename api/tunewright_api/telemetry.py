@@ -65,6 +65,12 @@ class StepRecord(_Record):
     optimizer_seconds: Seconds
     peak_memory_gib: Annotated[float, Field(ge=0, le=1e6)] | None = None
     peak_memory_reserved_gib: Annotated[float, Field(ge=0, le=1e6)] | None = None
+    # NVML GPM over the window (mean over ranks); kernel-active is NVML's utilization.gpu
+    sm_active_share: Share | None = None
+    tensor_active_share: Share | None = None
+    dram_bandwidth_share: Share | None = None
+    kernel_active_share: Share | None = None
+    gpu_activity_unavailable: Annotated[str, Field(max_length=500)] | None = None
 
     def metrics(self) -> dict:
         """What a metrics point keeps: everything but the envelope."""
@@ -83,6 +89,13 @@ class CommRecord(_Record):
     exposed_comm_seconds_per_step: Seconds
     comm_share_max_rank: Share
     comm_share_exposed_max_rank: Share
+    # the collectives' time split into waiting for the slowest rank and transfer; each rank's own work
+    wait_seconds_per_step: Seconds | None = None
+    transfer_seconds_per_step: Seconds | None = None
+    rank_own_seconds_min: Seconds | None = None
+    rank_own_seconds_median: Seconds | None = None
+    rank_own_seconds_max: Seconds | None = None
+    slowest_rank: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
     # the window's GPU kernels (absent on the CPU): where the compute went, and how busy the GPU was
     matmul_seconds_per_step: Seconds | None = None
     attention_seconds_per_step: Seconds | None = None

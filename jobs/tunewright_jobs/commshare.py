@@ -134,6 +134,35 @@ def kernel_time(events: list[TraceEvent]) -> KernelTime | None:
                       covered([(e.start_ns, e.end_ns) for e in kernels]) / 1e9)
 
 
+@dataclass(frozen=True)
+class Stragglers:
+    """Who the others wait for, from each rank's step time and its exposed communication (seconds per step).
+
+    A rank's own time is its step time less its exposed communication: what it spent computing, launching
+    and on the host. The rank with the most is the slowest; every other rank's collectives wait for it, so
+    a rank's waiting is the slowest's own time less its own (never more than its exposed communication),
+    and the rest of the collective time is transfer. An estimate by construction (a collective that waits
+    while compute runs beside it is hidden, and counted as neither), exact for a rank that sleeps.
+    """
+
+    own_seconds: list[float]  # per rank
+    wait_seconds: list[float]  # per rank
+
+    @property
+    def slowest_rank(self) -> int:
+        return max(range(len(self.own_seconds)), key=self.own_seconds.__getitem__)
+
+    @property
+    def mean_wait_seconds(self) -> float:
+        return sum(self.wait_seconds) / len(self.wait_seconds)
+
+
+def stragglers(step_seconds: list[float], exposed_seconds: list[float]) -> Stragglers:
+    own = [max(0.0, step - exposed) for step, exposed in zip(step_seconds, exposed_seconds, strict=True)]
+    slowest = max(own)
+    return Stragglers(own, [min(exposed, slowest - mine) for mine, exposed in zip(own, exposed_seconds, strict=True)])
+
+
 def _kind(event) -> str:
     """Kernel or not, from what every supported torch exposes (2.11 has no `activity_type`)."""
     if event.device_type() == torch.autograd.DeviceType.CPU:
@@ -221,13 +250,28 @@ class CommProfiler:
             [share.total, share.exposed, share.comm_seconds / steps, share.exposed_seconds / steps,
              *(v / steps for v in gpu[:3]), gpu[3]])]
         peaks = self.dist.all_reduce_max([share.total, share.exposed])
+        ranks = self._per_rank([window / steps, share.exposed_seconds / steps])
+        late = stragglers([r[0] for r in ranks], [r[1] for r in ranks])
+        own = sorted(late.own_seconds)
         return CommRecord(step=step + 1, profiled_steps=steps, profiled_step_seconds=window / steps,
                           comm_share=means[0], comm_share_exposed=means[1],
                           comm_seconds_per_step=means[2], exposed_comm_seconds_per_step=means[3],
                           comm_share_max_rank=peaks[0], comm_share_exposed_max_rank=peaks[1],
+                          wait_seconds_per_step=min(means[2], late.mean_wait_seconds),
+                          transfer_seconds_per_step=max(0.0, means[2] - late.mean_wait_seconds),
+                          rank_own_seconds_min=own[0], rank_own_seconds_median=own[len(own) // 2],
+                          rank_own_seconds_max=own[-1], slowest_rank=late.slowest_rank,
                           **({"matmul_seconds_per_step": means[4], "attention_seconds_per_step": means[5],
                               "other_compute_seconds_per_step": means[6], "gpu_busy_share": min(1.0, means[7])}
                              if kernels else {}))
+
+    def _per_rank(self, values: list[float]) -> list[list[float]]:
+        """Every rank's `values`, in rank order (an all-gather made of one sum: each rank fills its own row)."""
+        n, width = self.dist.world_size, len(values)
+        rows = [0.0] * (n * width)
+        rows[self.dist.rank * width:(self.dist.rank + 1) * width] = values
+        summed = self.dist.all_reduce_sum(rows)
+        return [summed[r * width:(r + 1) * width] for r in range(n)]
 
     def _sync(self) -> None:
         if self.dist.device.type == "cuda":

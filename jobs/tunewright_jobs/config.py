@@ -196,6 +196,8 @@ class MetricsConfig(_Strict):
     )
     log_every_steps: PositiveInt = 1
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    gpu_activity: bool = Field(default=True, description="Read SM-active, tensor-active and DRAM-bandwidth "
+                                                          "shares from NVML GPM at each logged window.")
 
 
 class JobConfig(_Strict):

@@ -30,6 +30,11 @@ drops the earlier ones on resume; a consumer of the POSTed records should let th
     parts (waiting for data; forward and backward; clipping and the optimizer step) on rank 0.
     peak_memory_gib, peak_memory_reserved_gib: rank 0's peak GPU memory allocated / reserved by PyTorch
     since the process started; CUDA only.
+    sm_active_share, tensor_active_share, dram_bandwidth_share: over the window, mean over ranks, from
+    NVML GPM (`gpu_activity.py`): the share of SM time busy, of SM time issuing tensor-core work, and of
+    peak DRAM bandwidth used. null where not read, with gpu_activity_unavailable saying why.
+    kernel_active_share: NVML `utilization.gpu` over the window (any kernel running, however small), mean
+    over ranks; null where not read.
 `eval` (at step 0 of a fresh run, every `eval.every_steps`, and at the end; only with a validation set)
     val_loss: mean cross-entropy over the validation set's labelled tokens (at most `eval.max_batches`
     micro-batches per rank).  val_token_accuracy: share of those tokens predicted exactly.
@@ -41,6 +46,10 @@ drops the earlier ones on resume; a consumer of the POSTed records should let th
     comm_share: share of the window spent in collectives, mean over ranks; comm_share_exposed: the part no
     compute overlaps.  comm_seconds_per_step, exposed_comm_seconds_per_step: the same as seconds per step.
     comm_share_max_rank, comm_share_exposed_max_rank: the worst rank's shares.
+    wait_seconds_per_step, transfer_seconds_per_step: comm_seconds_per_step split into waiting for the
+    slowest rank and the rest, mean over ranks (commshare.Stragglers says how it is estimated).
+    rank_own_seconds_min / _median / _max: per rank, the step time less its exposed communication (its
+    own work); slowest_rank: the rank with the most, the one the others wait for.
 `checkpoint` (once a checkpoint is complete in its store)
     uri: where it lives (a path, or a URI for remote storage), as its store names it.
     train_loss: `loss` of the last `step` record this process emitted (null when none yet).
@@ -113,6 +122,11 @@ class StepRecord(_Record):
     optimizer_seconds: float
     peak_memory_gib: float | None = None
     peak_memory_reserved_gib: float | None = None
+    sm_active_share: float | None = None
+    tensor_active_share: float | None = None
+    dram_bandwidth_share: float | None = None
+    kernel_active_share: float | None = None
+    gpu_activity_unavailable: str | None = None
 
 
 class EvalMetrics(_Strict):
@@ -136,6 +150,12 @@ class CommRecord(_Record):
     exposed_comm_seconds_per_step: float
     comm_share_max_rank: float
     comm_share_exposed_max_rank: float
+    wait_seconds_per_step: float | None = None
+    transfer_seconds_per_step: float | None = None
+    rank_own_seconds_min: float | None = None
+    rank_own_seconds_median: float | None = None
+    rank_own_seconds_max: float | None = None
+    slowest_rank: int | None = None
     # GPU kernels of the window (mean over ranks; absent on the CPU): matrix products, attention, the rest
     # of the compute, and the share of the window any kernel ran
     matmul_seconds_per_step: float | None = None

@@ -35,6 +35,7 @@ from tunewright_jobs.data import (
 )
 from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
+from tunewright_jobs.gpu_activity import GpuActivitySampler, pack, unpack_sum
 from tunewright_jobs.kernels import VARLEN, Kernels, compile_blocks, for_evaluation, loss_sum, varlen_inputs
 from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
@@ -262,6 +263,8 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
 
     timer = PhaseTimer(dist.device)
     profiler = CommProfiler(cfg.metrics.profile, dist, steps)
+    gpu_activity = GpuActivitySampler(dist.device, enabled=cfg.metrics.gpu_activity)
+    delay = injected_delay(dist.rank)
     window: list[StepStats] = []
     window_start, data_seconds = time.perf_counter(), 0.0
     for step in range(start_step, steps):
@@ -269,6 +272,8 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         epoch, batch = batches.step_rows(step)
         data_seconds += time.perf_counter() - t0
         profiler.begin(step)
+        if delay:
+            time.sleep(delay)
         window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, kernels, timer))
         done = step + 1
         if (comm := profiler.end(step)) is not None:
@@ -276,7 +281,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
 
         if done % cfg.metrics.log_every_steps == 0 or done == steps:
             record = summarize_window(done, epoch, window, timer.collect(), data_seconds,
-                                      time.perf_counter() - window_start, dist)
+                                      time.perf_counter() - window_start, dist, gpu_activity)
             sink.emit(record)
             train_loss = record.loss
             window, window_start, data_seconds = [], time.perf_counter(), 0.0
@@ -285,6 +290,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps:
             save(done)
 
+    gpu_activity.close()
     eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
     exported = ExportPaths()
     if cfg.checkpoint.final:
@@ -302,6 +308,18 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     return result
 
 
+SLOW_RANK_ENV = "TUNEWRIGHT_FAULT_SLOW_RANK"  # "RANK:SECONDS": that rank sleeps in every step
+
+
+def injected_delay(rank: int) -> float:
+    """A synthetic straggler, for checking that the telemetry names it (tests, benchmarks/telemetry_check.py)."""
+    spec = os.environ.get(SLOW_RANK_ENV, "")
+    if not spec:
+        return 0.0
+    slow_rank, _, seconds = spec.partition(":")
+    return float(seconds) if int(slow_rank) == rank else 0.0
+
+
 def open_sink(cfg: JobConfig, dist: Dist, start_step: int) -> MetricsSink:
     if not dist.is_main:
         return NullSink()
@@ -312,10 +330,12 @@ def open_sink(cfg: JobConfig, dist: Dist, start_step: int) -> MetricsSink:
 
 
 def summarize_window(step: int, epoch: int, window: list[StepStats], phases: dict[str, float],
-                     data_seconds: float, wall: float, dist: Dist) -> StepRecord:
+                     data_seconds: float, wall: float, dist: Dist, gpu_activity: GpuActivitySampler) -> StepRecord:
     """The `step` record of the steps since the last log (one step when logging every step)."""
     loss_sum = torch.stack([s.loss_sum for s in window]).sum().item()
-    (loss_sum,) = dist.all_reduce_sum([loss_sum])
+    activity = gpu_activity.read()
+    loss_sum, *activity_sums = dist.all_reduce_sum([loss_sum, *pack(activity)])
+    sm_active, tensor_active, dram_bandwidth, kernel_active = unpack_sum(activity_sums)
     targets = sum(s.targets for s in window)
     tokens = sum(s.tokens for s in window)
     cuda = dist.device.type == "cuda"
@@ -333,4 +353,7 @@ def summarize_window(step: int, epoch: int, window: list[StepStats], phases: dic
         optimizer_seconds=phases.get("optimizer", 0.0) / len(window),
         peak_memory_gib=torch.cuda.max_memory_allocated(dist.device) / 2**30 if cuda else None,
         peak_memory_reserved_gib=torch.cuda.max_memory_reserved(dist.device) / 2**30 if cuda else None,
+        sm_active_share=sm_active, tensor_active_share=tensor_active, dram_bandwidth_share=dram_bandwidth,
+        kernel_active_share=kernel_active,
+        gpu_activity_unavailable=activity.unavailable if sm_active is None else None,
     )

@@ -198,6 +198,9 @@ class Predicted(CamelModel):
     duration_seconds: float = Field(description="The whole run.")
     cost_usd: float = Field(alias="costUSD", description="GPUs x duration x the pool's price per GPU-hour.")
     memory_breakdown_gib: dict[str, float] = Field(alias="memoryBreakdownGiB", description="Peak memory by part.")
+    memory_margin: float | None = Field(
+        default=None, description="Share added to peakMemoryGiB for run-to-run variation before it is held against "
+                                  "the usable memory per GPU (absent from plans made before the margin).")
 
 
 class RejectedOption(CamelModel):

@@ -280,6 +280,17 @@ def test_pools_and_dry_run_plans(server, tiny_models):
     assert answer["model"]["parameters"] > 8e9 and plan["gpus"] >= 2 and plan["strategy"] in ("fsdp", "hsdp")
     assert plan["predicted"]["peakMemoryGiB"] < 80 and plan["predicted"]["costUSD"] > 0 and plan["pool"] == "h100"
     assert {r["strategy"] for r in plan["rejected"]} >= {"single", "ddp"}
+    # the same pool described in the request (a dry run on hardware no admin registered): the same plan
+    inline = {k: v for k, v in H100_POOL.items() if k != "name"}
+    described = alice.post("/v1/plans", json={"spec": spec, "poolSpec": inline}).json()
+    assert described["pool"] == described["plan"]["pool"] == "described"
+    assert {**described["plan"], "pool": "h100"} == plan
+    assert [p["name"] for p in alice.get("/v1/pools").json()["data"]] == ["local", "h100"]  # nothing was kept
+    for body in ({"spec": spec}, {"spec": spec, "pool": "h100", "poolSpec": inline}):
+        neither_or_both = alice.post("/v1/plans", json=body)
+        assert neither_or_both.status_code == 422 and neither_or_both.json()["error"]["param"] == "pool"
+    bad = alice.post("/v1/plans", json={"spec": spec, "poolSpec": {**inline, "gpusPerNode": 0}})
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "poolSpec.gpusPerNode"
     local_model = alice.post("/v1/plans", json={"spec": {**spec, "model": {"source": str(tiny_models["llama"])}},
                                                 "pool": "h100"})
     assert local_model.status_code == 200 and local_model.json()["model"]["layers"] == 2  # read its config.json
@@ -369,7 +380,7 @@ def test_cli_plan(server, tmp_path, capsys):
     assert main(["--url", server.url, "--token", ADMIN, "plan", str(spec), "--pool", "eth"]) == 0
     out = capsys.readouterr().out
     assert "meta-llama/Llama-3.1-70B (70.55B) on pool eth" in out
-    assert "rejected:  single: does not fit" in out and "communication-bound" in out
+    assert "rejected:  single: does not fit" in out and "all on Ethernet 100 Gb/s per node" in out
 
 
 @pytest.mark.parametrize(("product", "key"), [("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"),
@@ -577,21 +588,35 @@ def test_telemetry_and_diagnosis_of_a_job_from_its_records(server, tiny_models, 
     token = (server.settings.data_dir / "jobs" / queued / "telemetry.token").read_text()  # it never runs here
     steps = [{"event": "step", "step": s, "epoch": 0, "loss": 3.0 - s / 10, "learning_rate": 1e-3, "grad_norm": 1.0,
               "tokens": 4000, "tokens_per_second": 40e3, "step_seconds": 0.1, "data_seconds": 0.01,
-              "forward_backward_seconds": 0.08, "optimizer_seconds": 0.01} for s in range(1, 11)]
+              "forward_backward_seconds": 0.08, "optimizer_seconds": 0.01,
+              **({"sm_active_share": 0.62, "tensor_active_share": 0.41, "dram_bandwidth_share": 0.2,
+                  "kernel_active_share": 0.99} if s == 10 else {"gpu_activity_unavailable": "a CPU run: no GPU to read"})}
+             for s in range(1, 11)]
     window = {"event": "comm", "step": 10, "profiled_steps": 2, "profiled_step_seconds": 0.1, "comm_share": 0.2,
               "comm_share_exposed": 0.1, "comm_seconds_per_step": 0.02, "exposed_comm_seconds_per_step": 0.01,
               "comm_share_max_rank": 0.25, "comm_share_exposed_max_rank": 0.12, "matmul_seconds_per_step": 0.04,
-              "attention_seconds_per_step": 0.01, "other_compute_seconds_per_step": 0.03, "gpu_busy_share": 0.9}
+              "attention_seconds_per_step": 0.01, "other_compute_seconds_per_step": 0.03, "gpu_busy_share": 0.9,
+              "wait_seconds_per_step": 0.008, "transfer_seconds_per_step": 0.012, "rank_own_seconds_min": 0.08,
+              "rank_own_seconds_median": 0.085, "rank_own_seconds_max": 0.099, "slowest_rank": 1}
     checkpoint = {"event": "checkpoint", "step": 10, "uri": "/ckpt/10", "keep_last": 2, "seconds": 0.5}
+    evaluations = [{"event": "eval", "step": s, "val_loss": 3.0 - s / 5, "val_token_accuracy": s / 20}
+                   for s in (0, 10)]
     with server.client(token) as worker:
-        answer = worker.post(f"/v1/internal/jobs/{queued}/telemetry", json={"records": [*steps, window, checkpoint]})
-        assert answer.json()["accepted"] == 12, answer.text
+        answer = worker.post(f"/v1/internal/jobs/{queued}/telemetry",
+                             json={"records": [evaluations[0], *steps, window, checkpoint, evaluations[1]]})
+        assert answer.json()["accepted"] == 14, answer.text
     telemetry = alice.get(f"/v1/jobs/{queued}/telemetry").json()
     assert [p["step"] for p in telemetry["series"]] == list(range(1, 11))
-    assert telemetry["comm"] == [{"step": 10, "commShare": 0.2, "commShareExposed": 0.1, "gpuBusyShare": 0.9}]
+    assert telemetry["comm"] == [{"step": 10, "commShare": 0.2, "commShareExposed": 0.1, "gpuBusyShare": 0.9,
+                                  "waitSecondsPerStep": 0.008, "transferSecondsPerStep": 0.012, "slowestRank": 1,
+                                  "rankOwnSeconds": {"min": 0.08, "median": 0.085, "max": 0.099}}]
+    assert [p["smActive"] for p in telemetry["series"]] == [None] * 9 + [0.62]
+    assert telemetry["evaluations"] == [{"step": 0, "valLoss": 3.0, "valTokenAccuracy": 0.0, "exactMatch": None},
+                                        {"step": 10, "valLoss": 1.0, "valTokenAccuracy": 0.5, "exactMatch": None}]
     latest = telemetry["latest"]
     assert latest["commShare"] == 0.2 and latest["gpuBusyShare"] == 0.9
-    assert latest["smActive"] is None and "does not sample NVML GPM" in latest["smActiveUnavailable"]
+    assert (latest["smActive"], latest["tensorActive"], latest["dramBandwidth"], latest["kernelActive"]) == \
+        (0.62, 0.41, 0.2, 0.99) and latest["smActiveUnavailable"] is None
     assert latest["dataWaitShare"] == pytest.approx(0.1)
     found = alice.get(f"/v1/jobs/{queued}/diagnosis").json()
     assert found["status"] == "no prediction (CPU)" and found["measuredStepSeconds"] == pytest.approx(0.1)
@@ -605,9 +630,13 @@ def test_telemetry_and_diagnosis_of_a_job_from_its_records(server, tiny_models, 
     printed = capsys.readouterr().out
     assert printed.startswith("no prediction (CPU): a step takes 100 ms") and "matrix products" in printed
     assert "- checkpoints every 5 steps take 50% of the training time" in printed  # 0.5 s a checkpoint
+    assert "8 ms is waiting for the slowest rank (rank 1) and 12 ms transfer" in printed
+    assert "rank 1 is a straggler: its own work takes 99 ms a step against the ranks' median 85" in printed
     wait_for(alice, running, {"running"})
     metrics = httpx.get(f"{server.url}/metrics").text  # the cluster's scraper: no token
     assert f'tunewright_job_step{{job_id="{running}",tenant="alice"}}' in metrics
+    # the running job's steps are the CPU's: no SM-active sample, so no SM-active line (absent, not zero)
+    assert f'tunewright_job_sm_active{{job_id="{running}"' not in metrics
     assert queued not in metrics  # queued: nothing measured to report as it runs
     assert re.search(r'tunewright_http_request_duration_seconds_count\{method="GET",'
                      r'route="/v1/jobs/\{job_id\}/diagnosis",status="200"\} [1-9]', metrics)

@@ -44,3 +44,10 @@ def test_emitted_config_parses_and_keeps_the_plan(plan, method):
     assert cfg.hyperparameters.epochs == 3 and cfg.hyperparameters.seq_len == 4096
     assert cfg.checkpoint.storage == "s3://bucket/ckpt" and cfg.checkpoint.every_steps == 100
     assert cfg.model.revision == "main" and cfg.dataset.format == "prompt_completion"
+
+
+def test_the_planner_counts_the_fused_loss_chunk_the_runtime_holds():
+    from tunewright_jobs.kernels import FUSED_LOSS_CHUNK_ELEMENTS as runtime_chunk
+    from tunewright_operator.planner.estimate import FUSED_LOSS_CHUNK_ELEMENTS as planned_chunk
+
+    assert planned_chunk == runtime_chunk

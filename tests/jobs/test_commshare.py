@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tunewright_jobs.commshare import TraceEvent, comm_share, covered, merge, split_events, uncovered
+from tunewright_jobs.commshare import (
+    TraceEvent,
+    comm_share,
+    covered,
+    merge,
+    split_events,
+    stragglers,
+    uncovered,
+)
 
 
 @pytest.mark.parametrize(("intervals", "merged"), [
@@ -111,3 +119,19 @@ def test_a_cpu_trace_has_no_kernel_breakdown():
     from tunewright_jobs.commshare import kernel_time
 
     assert kernel_time([TraceEvent("aten::mm", "cpu_op", 1, 0, 10)]) is None
+
+
+@pytest.mark.parametrize(("step", "exposed", "slowest", "own", "wait"), [
+    # balanced ranks: nobody waits, all exposed communication is transfer
+    ([1.0, 1.0], [0.2, 0.2], 0, [0.8, 0.8], [0.0, 0.0]),
+    # rank 1 sleeps 0.3 s: rank 0 waits for it (0.3 of its 0.35 exposed), rank 1 only transfers
+    ([1.0, 1.0], [0.35, 0.05], 1, [0.65, 0.95], [0.3, 0.0]),
+    # waiting can never exceed the exposed communication it hides in
+    ([1.0, 1.0, 1.0], [0.1, 0.5, 0.0], 2, [0.9, 0.5, 1.0], [0.1, 0.5, 0.0]),
+])
+def test_stragglers_are_the_ranks_the_others_wait_for(step, exposed, slowest, own, wait):
+    found = stragglers(step, exposed)
+    assert found.slowest_rank == slowest
+    assert found.own_seconds == pytest.approx(own)
+    assert found.wait_seconds == pytest.approx(wait)
+    assert found.mean_wait_seconds == pytest.approx(sum(wait) / len(wait))

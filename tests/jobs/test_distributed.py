@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from tests.jobs.conftest import make_config, metrics, python_path, write_config
 from tunewright_jobs.run import train_with_ray, train_without_ray
+from tunewright_jobs.train import SLOW_RANK_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +45,11 @@ def assert_measured_comm_share(cfg):
     assert 0 < record.comm_share <= record.comm_share_max_rank <= 1
     assert 0 < record.comm_share_exposed <= record.comm_share
     assert record.comm_seconds_per_step < record.profiled_step_seconds
+    assert record.wait_seconds_per_step + record.transfer_seconds_per_step == pytest.approx(
+        record.comm_seconds_per_step)
+    assert 0 < record.rank_own_seconds_min <= record.rank_own_seconds_median <= record.rank_own_seconds_max
+    assert record.rank_own_seconds_max <= record.profiled_step_seconds
+    return record
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +112,8 @@ def test_ray_run_resumes_from_its_storage(tiny_models, tmp_path):
     assert [r.step for r in metrics(longer)] == list(range(1, 8))
 
 
-def run_torchrun(cfg, tmp_path, nproc: int):
-    env = {**os.environ, "PYTHONPATH": python_path(), "OMP_NUM_THREADS": "1"}
+def run_torchrun(cfg, tmp_path, nproc: int, **env_vars: str):
+    env = {**os.environ, "PYTHONPATH": python_path(), "OMP_NUM_THREADS": "1", **env_vars}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                            "-m", "tunewright_jobs.run", "--no-ray", "--config",
                            str(write_config(tmp_path / "job.json", cfg))],
@@ -127,11 +133,17 @@ def test_torchrun_hsdp_two_groups_of_two(tiny_models, tmp_path, single_full):
     assert_measured_comm_share(cfg)
 
 
-def test_torchrun_fsdp_lora(tiny_models, tmp_path, single_lora):
+def test_torchrun_fsdp_lora_with_a_slow_rank(tiny_models, tmp_path, single_lora):
+    """Rank 1 sleeps 0.4 s in every step (a synthetic straggler): the same numbers, and rank 0 is seen
+    waiting for it in its collectives."""
     cfg = make_config(tiny_models["gpt2"], tmp_path, hyperparameters={"max_steps": 4},
                       strategy={"type": "fsdp", "num_workers": 2, "micro_batch_size": 2})
-    result = run_torchrun(cfg, tmp_path, 2)
+    result = run_torchrun(cfg, tmp_path, 2, **{SLOW_RANK_ENV: "1:0.4"})
     assert_same_first_step(cfg, single_lora)
-    assert_measured_comm_share(cfg)
+    record = assert_measured_comm_share(cfg)
+    assert record.slowest_rank == 1
+    assert record.rank_own_seconds_max - record.rank_own_seconds_min > 0.3
+    # rank 0 waits ~0.4 s and rank 1 hardly at all: the mean over the two ranks is ~0.2 s
+    assert 0.15 < record.wait_seconds_per_step < 0.3
     base = AutoModelForCausalLM.from_pretrained(tiny_models["gpt2"])
     PeftModel.from_pretrained(base, result["export"]["adapter"])

@@ -1,13 +1,21 @@
 """The planner: published formulas, model profiles, calibration against measured H200 runs, search."""
 
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tunewright_operator.planner import calibration, calibration_fit
 from tunewright_operator.planner.estimate import (
+    END_OF_BACKWARD,
+    GRADIENTS,
+    ROOT_GRADIENTS,
+    START_OF_BACKWARD,
     Layout,
     Workload,
+    activation_bytes,
+    end_of_backward_bytes,
     estimate,
     gpu_state_bytes,
     host_state_bytes,
@@ -20,7 +28,17 @@ from tunewright_operator.planner.formulas import (
 )
 from tunewright_operator.planner.hardware import GIB, GPUS, LINKS, Pool
 from tunewright_operator.planner.models import CATALOG, from_hf_config, lookup
-from tunewright_operator.planner.search import USABLE_HOST_MEMORY, NoPlan, plan
+from tunewright_operator.planner.search import (
+    MEMORY_MARGIN,
+    MEMORY_UNDER_PREDICTION_BOUND,
+    USABLE_HOST_MEMORY,
+    USABLE_MEMORY,
+    NoPlan,
+    batch_cap,
+    break_near_tie,
+    evaluate,
+    plan,
+)
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 MEASURED = sorted(RESULTS.glob("gpu_*_h200.json"))
@@ -64,17 +82,19 @@ def test_deepspeed_estimator_figures(offload_optimizer, offload_params, host_gib
 
 
 def test_our_states_against_deepspeed_zero3():
-    """FSDP2 full shard is ZeRO-3: our states per GPU (16Ψ/N and the blocks being computed) sit just under
-    DeepSpeed's 18Ψ/N + 4L (it also counts a bf16 copy of every weight); offloaded, our host needs 16Ψ
-    per node, DeepSpeed asks 18Ψ x 1.5 to be safe, and we keep 20% of the host free."""
+    """FSDP2 full shard is ZeRO-3: our states per GPU (16Ψ/N, the blocks being computed and the gathered
+    embeddings and head) sit just under DeepSpeed's 18Ψ/N + 4L (it also counts a bf16 copy of every weight;
+    its largest layer L is the largest module's own parameters, here the embedding); offloaded, our host
+    needs 16Ψ per node, DeepSpeed asks 18Ψ x 1.5 to be safe, and we keep 20% of the host free."""
     model = CATALOG["meta-llama/Llama-3.1-8B"]
     w = Workload(model, "full", 2048, 64, 1)
     sharded = Layout("fsdp", 8, 1, 1, 8, False, shard_group=8)
     ours = sum(gpu_state_bytes(w, sharded).values())
-    deepspeed, _ = deepspeed_zero3_bytes(model.params, model.layer_linear_params, 8, 1, False, False)
+    largest_module = model.vocab * model.hidden
+    deepspeed, _ = deepspeed_zero3_bytes(model.params, largest_module, 8, 1, False, False)
     assert 0.85 * deepspeed < ours < deepspeed
     offloaded = Layout("fsdp", 8, 1, 1, 8, False, shard_group=8, cpu_offload=True)
-    _, deepspeed_host = deepspeed_zero3_bytes(model.params, model.layer_linear_params, 8, 1, True, True)
+    _, deepspeed_host = deepspeed_zero3_bytes(model.params, largest_module, 8, 1, True, True)
     assert host_state_bytes(w, offloaded) * 8 == pytest.approx(16 * model.params)
     assert host_state_bytes(w, offloaded) * 8 / USABLE_HOST_MEMORY < deepspeed_host
 
@@ -123,10 +143,12 @@ def test_committed_calibration_is_the_fit_of_the_committed_measurements():
 def test_prediction_error_on_measured_runs_within_targets():
     rows = calibration_fit.compare(calibration_fit.load_measurements(MEASURED), CAL, H200)
     stats = calibration_fit.summary(rows)
-    assert len(rows) >= 12 and sum(not r["fit_set"] for r in rows) >= 8
+    # the one-GPU matrix of the runtime since issue 12 (the two-GPU runs wait for a machine with two GPUs)
+    assert len(rows) >= 14 and sum(not r["fit_set"] for r in rows) >= 6
     assert stats["median_abs_step_error_held_out"] <= 0.10
     assert stats["median_abs_memory_error_held_out"] <= 0.05
-    assert stats["worst_memory_under_prediction"] >= -0.03  # never promise memory that is not there
+    # never promise memory that is not there (MEMORY_MARGIN, the fit check's, is derived from this bound)
+    assert stats["worst_memory_under_prediction"] >= -MEMORY_UNDER_PREDICTION_BOUND
 
 
 def test_choosing_among_measured_layouts_costs_at_most_five_percent():
@@ -146,7 +168,212 @@ def test_choosing_among_measured_layouts_costs_at_most_five_percent():
         best = max(r.tokens_per_second for r in runs)
         assert best / chosen.tokens_per_second - 1 <= 0.05, chosen.name
         checked += 1
-    assert checked >= 5
+    assert checked >= 4  # gpt2 and llama-1b, LoRA and full, one GPU (the two-GPU groups wait for their re-measurement)
+
+
+# --- memory at the end of backward, and the margin the fit check holds it to -------------------------
+
+LLAMA_70B = CATALOG["meta-llama/Llama-3.1-70B"]
+
+
+@pytest.mark.parametrize(("method", "layout", "gradient_bytes", "root_bytes"), [
+    # no accumulation: every trainable parameter's fp32 gradient, sharded like its master, and the root unit's
+    # reduction (its bf16 gradients unsharded and their fp32 copy for the reduce-scatter)
+    ("full", Layout("fsdp", 16, 2, 1, 1, True, 16), 4 / 16, 2 + 4),
+    ("full", Layout("ddp", 2, 1, 1, 1, False), 4, 2 + 4),  # DDP: whole gradients on every GPU
+    ("full", Layout("fsdp", 16, 2, 1, 4, True, 16), None, 2 + 4),  # accumulated: states already, not again
+    ("full", Layout("fsdp", 16, 2, 1, 1, True, 16, cpu_offload=True), None, 2 + 4),  # landed on the host
+    ("lora", Layout("ddp", 2, 1, 1, 1, False), 4, None),  # adapters only: the embeddings and head are frozen
+])
+def test_the_end_of_backward_holds_every_gradient_and_the_root_units_reduction(method, layout, gradient_bytes,
+                                                                                root_bytes):
+    w = Workload(LLAMA_70B, method, 4096, 16, 1)
+    end = end_of_backward_bytes(w, layout)
+    expected = {GRADIENTS: gradient_bytes and gradient_bytes * w.trainable_params,
+                ROOT_GRADIENTS: root_bytes and root_bytes * LLAMA_70B.params_outside_blocks}
+    assert {k: end.get(k) for k in expected} == {k: v and pytest.approx(v) for k, v in expected.items()}
+    states = {} if layout.cpu_offload else sharded_states(w, layout)
+    assert {k: end[k] for k in states} == states  # the states stay
+
+
+@pytest.mark.parametrize(("method", "layout", "gathered"), [
+    ("full", Layout("single", 1, 1, 1, 1, False), True),  # fp32 masters: computed on a bf16 copy, on one GPU too
+    ("lora", Layout("single", 1, 1, 1, 1, False), False),  # a bf16 base on a one-GPU shard stays out of FSDP
+    ("lora", Layout("ddp", 2, 1, 1, 1, False), False),
+    ("lora", Layout("fsdp", 2, 1, 1, 1, False, 2), True),  # sharded: gathered for compute
+    ("lora", Layout("single", 1, 1, 1, 1, False, cpu_offload=True), True),  # offloaded: FSDP copies it in
+])
+def test_the_embeddings_and_head_are_gathered_where_fsdp_holds_them(method, layout, gathered):
+    """The runtime shards each block, then the rest as the root unit, which FSDP2 keeps gathered from the
+    start of forward to the end of backward: 2 bytes per parameter outside the blocks, at both moments."""
+    model = CATALOG["meta-llama/Llama-3.1-8B"]
+    states = gpu_state_bytes(Workload(model, method, 2048, 16, 1), layout)
+    assert states.get("embeddings and head, gathered (bf16)") == (2 * model.params_outside_blocks if gathered else None)
+
+
+@pytest.mark.parametrize(("model", "seq_len", "layout", "moment"), [
+    # 70B on 16 GPUs at one sequence with checkpointing: its gradients outweigh its activations
+    (LLAMA_70B, 4096, Layout("fsdp", 16, 2, 1, 1, True, 16), END_OF_BACKWARD),
+    # the calibration's Llama-1B at micro-batch 8 on one GPU: its activations outweigh its gradients
+    (CATALOG["meta-llama/Llama-3.2-1B"], 2048, Layout("single", 1, 1, 8, 1, False), START_OF_BACKWARD),
+])
+def test_the_peak_is_the_higher_of_the_start_and_the_end_of_backward(model, seq_len, layout, moment):
+    w = Workload(model, "full", seq_len, 16, 1)
+    e = estimate(w, layout, pool(nodes=2, inter="eth-100g"), CAL)
+    start = sum({**gpu_state_bytes(w, layout), **activation_bytes(w, layout, CAL)}.values())
+    end = sum(end_of_backward_bytes(w, layout).values())
+    assert e.peak_moment == moment and (end > start) is (moment == END_OF_BACKWARD)
+    assert e.peak_memory_bytes == pytest.approx(max(start, end))
+
+
+def test_70b_full_with_the_default_batch_on_four_ethernet_nodes_claims_no_fit_it_cannot_have():
+    """Issue 13: 16 sequences of 4096 tokens on 4 x 8 H100 over 100 GbE: FSDP over 16 GPUs (the most 16
+    sequences allow) at micro-batch 1 was chosen at 68.8 GiB predicted, of 71 usable, while at the end of
+    backward it holds its states (49.3 GiB), every fp32 gradient (16.4) and the embeddings' and head's
+    reduction (2.1B parameters x 6 bytes: 11.7). It does not fit; the plan offloads the states instead."""
+    w = Workload(LLAMA_70B, "full", 4096, 16, 100)
+    p = pool(per_node=8, nodes=4, inter="eth-100g")
+    on_gpu = estimate(w, Layout("fsdp", 16, 2, 1, 1, True, 16), p, CAL)
+    parts = {k: v / GIB for k, v in on_gpu.memory_breakdown.items()}
+    assert on_gpu.peak_moment == END_OF_BACKWARD
+    assert parts["weights (fp32 master)"] + parts["optimizer (AdamW m, v)"] == pytest.approx(49.3, abs=0.05)
+    assert (parts[GRADIENTS], parts[ROOT_GRADIENTS]) == (pytest.approx(16.4, abs=0.05), pytest.approx(11.7, abs=0.05))
+    assert on_gpu.peak_memory_bytes / GIB > USABLE_MEMORY * p.gpu.memory_gib
+    chosen = plan(w, p, CAL)
+    assert (chosen.strategy, chosen.gpus, chosen.cpu_offload) == ("fsdp", 16, True)
+    assert chosen.predicted.peak_memory_gib * (1 + MEMORY_MARGIN) <= USABLE_MEMORY * p.gpu.memory_gib
+    assert chosen.predicted.memory_margin == MEMORY_MARGIN and f"with the {MEMORY_MARGIN:.0%} run-to-run margin" in chosen.explanation
+
+
+def test_the_memory_margin_covers_every_committed_run_and_its_rerun_spread():
+    """Issue 13: Llama-1B full at micro-batch 8 on one H200 peaked at 68.6 GiB in one run and 71.0 GiB in a
+    rerun of the same shapes on other data (+3.5%). Every committed run, that much above its measurement,
+    is still within its prediction with the margin."""
+    assert MEMORY_MARGIN >= (1 + 71.0 / 68.6 - 1) / (1 - MEMORY_UNDER_PREDICTION_BOUND) - 1 - 1e-9
+    for m in calibration_fit.load_measurements(MEASURED):
+        predicted = estimate(m.workload, m.layout, calibration_fit.measured_pool(H200, m.layout.gpus), CAL)
+        assert m.peak_memory_bytes * 71.0 / 68.6 <= predicted.peak_memory_bytes * (1 + MEMORY_MARGIN), m.name
+
+
+@pytest.mark.parametrize(("usable_over_peak", "fits"), [
+    (1 + MEMORY_MARGIN + 1e-3, True),  # just inside the margin
+    (1 + MEMORY_MARGIN - 1e-3, False),  # just outside it
+    (1.01, False),  # the bare prediction fits; with the margin it does not
+])
+def test_a_layout_fits_when_its_peak_with_the_margin_is_within_the_usable_memory(usable_over_peak, fits):
+    w = Workload(CATALOG["meta-llama/Llama-3.2-1B"], "full", 2048, 8, 1)
+    layout = Layout("single", 1, 1, 8, 1, False)
+    h200 = pool("H200", per_node=1)
+    peak = estimate(w, layout, h200, CAL).peak_memory_bytes
+    sized = replace(h200, gpu=replace(h200.gpu, memory_gib=peak * usable_over_peak / USABLE_MEMORY / GIB))
+    assert evaluate(w, layout, sized, CAL).fits_gpu is fits
+
+
+# --- the link that bounds communication, the batch that caps the GPUs, near ties ----------------------
+
+@pytest.mark.parametrize(("intra", "inter", "nodes", "workload", "link", "all_on_it"), [
+    # FSDP over 4 nodes: every gather crosses the Ethernet
+    ("nvlink4", "eth-100g", 4, Workload(LLAMA_70B, "full", 2048, 64, 100), "eth-100g", True),
+    # hybrid shard (4M tokens a step: micro-batches accumulate, FSDP would gather for each): gathers within a
+    # node over NVLink, the all-reduce across nodes over the Ethernet, which costs the step more
+    # (the gathers, every micro-batch, within a node: NVLink bounds it, beside the once-a-step all-reduce)
+    ("nvlink4", "eth-100g", 4, Workload(LLAMA_70B, "full", 4096, 1024, 100), "nvlink4", False),
+    # one node: NVLink carries everything
+    ("nvlink4", None, 1, Workload(CATALOG["meta-llama/Llama-3.1-8B"], "lora", 2048, 64, 500), "nvlink4", True),
+    # PCIe-only nodes
+    ("pcie4", None, 1, Workload(CATALOG["meta-llama/Llama-3.1-8B"], "full", 2048, 64, 500), "pcie4", True),
+    # InfiniBand as fast as NVLink: rings across nodes cross it all the same, at its higher latency
+    ("nvlink4", "ib-8x400g", 4, Workload(LLAMA_70B, "full", 2048, 64, 100), "ib-8x400g", True),
+])
+def test_explanations_name_the_link_that_bounds_communication(intra, inter, nodes, workload, link, all_on_it):
+    p = replace(pool(per_node=8, nodes=nodes, inter=inter, host_gib=2048), intra_node=LINKS[intra])
+    chosen = plan(workload, p, CAL, objective="fastest")
+    e = estimate(workload, Layout(chosen.strategy, chosen.gpus, chosen.nodes, chosen.micro_batch, chosen.grad_accum,
+                                  chosen.activation_checkpointing, chosen.shard_group, chosen.cpu_offload), p, CAL)
+    assert e.bounding_link == LINKS[link]
+    named = f"{LINKS[link].name} at {LINKS[link].bus_bytes_per_s / 1e9:.3g} GB/s bus bandwidth"
+    if all_on_it:
+        assert f"all on {named}" in chosen.explanation
+    else:
+        share = f"{e.bounding_link_seconds / e.step_seconds:.0%} of the step"
+        assert f"bound by {named}: {share}" in chosen.explanation
+
+
+def test_a_communication_bound_plan_says_so_and_names_its_link():
+    """Half a million tokens a step over 4 x 8 H100 on 100 GbE: the fastest layout still spends two thirds of
+    its step waiting on the Ethernet, and the plan says which link and how much."""
+    w = Workload(LLAMA_70B, "full", 4096, 128, 100)
+    chosen = plan(w, pool(per_node=8, nodes=4, inter="eth-100g", host_gib=2048), CAL, objective="fastest")
+    assert chosen.predicted.exposed_comm_share > 0.5 and "communication-bound" in chosen.explanation
+    assert "exposed, all on Ethernet 100 Gb/s per node at 11.2 GB/s bus bandwidth" in chosen.explanation
+
+
+def test_one_gpu_names_no_link():
+    w = Workload(CATALOG["gpt2"], "full", 1024, 8, 10)
+    assert "bus bandwidth" not in plan(w, pool(per_node=1), CAL).explanation
+
+
+@pytest.mark.parametrize(("batch", "per_node", "nodes", "max_gpus", "cap"), [
+    (16, 8, 4, None, (16, 32, 32)),  # the issue's: 16 sequences on 4 x 8
+    (32, 8, 4, None, None),
+    (16, 8, 4, 16, None),  # maxGPUs 16: the batch allows all of them
+    (24, 8, 2, None, (8, 16, 32)),  # 24 does not split over 16
+    (12, 8, 1, None, (4, 8, 16)),  # nor over 8
+])
+def test_the_global_batch_caps_the_gpus_a_plan_can_use(batch, per_node, nodes, max_gpus, cap):
+    w = Workload(CATALOG["gpt2"], "full", 1024, batch, 1)
+    found = batch_cap(w, pool(per_node=per_node, nodes=nodes, inter="eth-100g"), max_gpus or per_node * nodes)
+    assert (found and (found.gpus, found.pool_gpus, found.batch_for_pool)) == cap
+
+
+def test_a_plan_held_to_fewer_gpus_by_its_batch_says_so_and_offers_the_batch_for_the_pool():
+    """Issue 13: the 70B job of 16 sequences used 2 of the 4 nodes, and nothing said why."""
+    p = pool(per_node=8, nodes=4, inter="eth-100g")
+    capped = plan(Workload(LLAMA_70B, "full", 4096, 16, 100), p, CAL)
+    note = "globalBatchSize 16 allows at most 16 data-parallel ranks at micro-batch 1; 32 would let it use all 32 GPUs"
+    assert capped.gpus == 16 and f"The global batch holds it to 16 GPUs: {note}." in capped.explanation
+    at_cap = [r for r in capped.rejected if r.gpus == 16]
+    assert at_cap and all(r.reason.endswith(f"; {note}") for r in at_cap)
+    assert all(note not in r.reason for r in capped.rejected if r.gpus != 16)
+    uncapped = plan(Workload(LLAMA_70B, "full", 4096, 32, 100), p, CAL, objective="fastest")
+    assert uncapped.gpus == 32 and "globalBatchSize" not in uncapped.explanation + str(uncapped.rejected)
+
+
+@pytest.mark.parametrize(("objective", "options", "chosen"), [
+    # (cost, duration): the best on the objective's measure, or one within 1% of it that is better on the other
+    ("cheapest", [(10.0, 100.0), (10.05, 50.0)], 1),
+    ("cheapest", [(10.0, 100.0), (10.2, 50.0)], 0),  # 2% dearer: no tie
+    ("cheapest", [(10.0, 100.0), (10.05, 50.0), (10.09, 25.0)], 2),  # the fastest of those near the cheapest
+    ("fastest", [(10.0, 100.5), (20.0, 100.0)], 0),  # 0.5% slower at half the cost
+    ("fastest", [(10.0, 102.0), (20.0, 100.0)], 1),
+])
+def test_near_ties_go_to_the_better_on_the_other_measure(objective, options, chosen):
+    candidates = [SimpleNamespace(cost_usd=cost, duration_seconds=duration) for cost, duration in options]
+    own = (lambda c: c.cost_usd) if objective == "cheapest" else (lambda c: c.duration_seconds)
+    assert break_near_tie(objective, min(candidates, key=own), candidates) is candidates[chosen]
+
+
+def test_cheapest_takes_two_gpus_at_half_the_time_for_the_same_cost_and_says_why():
+    """Issue 13: LoRA with two H100s at hand: one GPU was chosen, while DDP on two is 2x faster for 0.06%
+    more. Within 1% of the cheapest cost the faster layout is chosen, and the cheaper one shown. (Llama-3B:
+    the issue's Llama-1B now runs micro-batch 16 on one GPU and 8 on each of two, which costs 8% more.)"""
+    w = Workload(CATALOG["meta-llama/Llama-3.2-3B"], "lora", 2048, 16, 1000)
+    chosen = plan(w, pool(per_node=8), CAL, max_gpus=2)
+    one = plan(w, pool(per_node=8), CAL, max_gpus=1)
+    assert (chosen.strategy, chosen.gpus, one.gpus) == ("ddp", 2, 1)
+    assert one.predicted.cost_usd < chosen.predicted.cost_usd <= one.predicted.cost_usd * 1.01
+    assert chosen.predicted.duration_seconds < one.predicted.duration_seconds / 1.9
+    why = "cheaper but takes 2.00x as long: within 1% of the cheapest cost the fastest layout is chosen"
+    single = next(r for r in chosen.rejected if r.strategy == "single")
+    assert why in single.reason and f"Near tie: {one.explanation.split(' (cheapest)')[0]} is " in chosen.explanation
+
+
+def test_a_near_tie_within_the_chosen_strategy_shows_the_layout_it_passed_over():
+    w = Workload(CATALOG["meta-llama/Llama-3.2-3B"], "full", 2048, 64, 2000)
+    chosen = plan(w, pool("H200", per_node=8), CAL)
+    passed = [r for r in chosen.rejected if r.strategy == chosen.strategy]
+    assert len(passed) == 1 and passed[0].gpus < chosen.gpus
+    assert "cheaper but takes" in passed[0].reason and "within 1% of the cheapest cost" in passed[0].reason
 
 
 # --- search and explanation --------------------------------------------------------------------------
@@ -154,7 +381,8 @@ def test_choosing_among_measured_layouts_costs_at_most_five_percent():
 def test_full_fine_tuning_of_8b_cannot_run_on_one_a100_40gb():
     """Neither on the GPU nor with the states offloaded to the 85 GB host such a node has."""
     w = Workload(CATALOG["meta-llama/Llama-3.1-8B"], "full", 2048, 8, 100)
-    with pytest.raises(NoPlan, match=r"single: does not fit: \d+ GiB > 35 GiB usable per A100-40GB .*; "
+    with pytest.raises(NoPlan, match=r"single: does not fit: \d+ GiB at the (start|end) of backward \(\d+ with the "
+                                     rf"{MEMORY_MARGIN:.0%} run-to-run margin\) > 35 GiB usable per A100-40GB .*; "
                                      r"with CPU offload: \d+ GiB of host memory > 68 GiB usable per node"):
         plan(w, pool("A100-40GB", per_node=1, host_gib=85), CAL)
 
@@ -169,8 +397,9 @@ def test_full_fine_tuning_of_8b_on_one_h200_needs_offload_and_says_so():
 
 def test_lora_of_8b_over_nvlink_is_ddp_when_the_base_leaves_room_for_the_batch():
     """REFERENCE's LoRA rule: adapters' gradients are tiny, so DDP, when the frozen base fits. On 141 GB
-    H200s it does, at the same micro-batch as sharding; on 80 GB H100s the replicated base (15 GiB)
-    halves DDP's micro-batch and the per-micro-batch costs (measured) make sharding a few percent faster."""
+    H200s it does, at the same micro-batch as sharding; on 80 GB H100s too, at the same micro-batch 4 (the
+    runtime since issue 12 keeps few activations and no whole logits), and sharding the base only adds its
+    gathers."""
     w = Workload(CATALOG["meta-llama/Llama-3.1-8B"], "lora", 2048, 64, 500)
     eight = plan(w, pool("H200", per_node=8), CAL, objective="fastest")
     assert (eight.strategy, eight.gpus, eight.cpu_offload) == ("ddp", 8, False)
@@ -178,22 +407,27 @@ def test_lora_of_8b_over_nvlink_is_ddp_when_the_base_leaves_room_for_the_batch()
     one = plan(w, pool("H200", per_node=8), CAL, max_gpus=1)
     assert eight.predicted.duration_seconds < one.predicted.duration_seconds / 7
     h100 = plan(w, pool("H100", per_node=8), CAL, objective="fastest")
-    ddp = next(r for r in h100.rejected if r.strategy == "ddp")
-    assert h100.gpus == 8 and "micro-batch 2 x 4" in ddp.reason and "% slower" in ddp.reason
+    assert (h100.strategy, h100.gpus, h100.micro_batch, h100.cpu_offload) == ("ddp", 8, 4, False)
+    fsdp = next(r for r in h100.rejected if r.strategy == "fsdp")
+    assert "micro-batch 4 x 2" in fsdp.reason and "% slower" in fsdp.reason
     assert h100.predicted.exposed_comm_share < 0.01
 
 
 def test_70b_full_on_four_ethernet_nodes_is_hybrid_shard_within_nodes():
-    """A realistic batch (1M tokens per step) on 4 x 8 H100 with 2 TB hosts over 100 GbE: sharding within a
-    node (NVLink) with the states offloaded, replicated across nodes, all-reducing once per step, beats
-    sharding over all 32 GPUs, whose gathers cross the Ethernet every micro-batch."""
-    w = Workload(CATALOG["meta-llama/Llama-3.1-70B"], "full", 4096, 256, 100)
-    chosen = plan(w, pool(per_node=8, nodes=4, inter="eth-100g", host_gib=2048), CAL, objective="fastest")
+    """4M tokens a step on 4 x 8 H100 with 2 TB hosts over 100 GbE: each rank accumulates 4 micro-batches
+    of 8, so sharding over all 32 GPUs gathers across the Ethernet for every one of them, while sharding
+    within a node (NVLink) with the states offloaded, replicated across nodes, all-reduces once a step.
+    At 1M tokens (one micro-batch a rank) FSDP's one gather a step costs less than that all-reduce."""
+    p = pool(per_node=8, nodes=4, inter="eth-100g", host_gib=2048)
+    chosen = plan(Workload(LLAMA_70B, "full", 4096, 1024, 100), p, CAL, objective="fastest")
     assert (chosen.strategy, chosen.gpus, chosen.shard_group, chosen.cpu_offload) == ("hsdp", 32, 8, True)
     assert chosen.predicted.exposed_comm_share < 0.05
     reasons = {r.strategy: r.reason for r in chosen.rejected}
-    assert "communication-bound" in reasons["fsdp"]
+    assert "% slower" in reasons["fsdp"]
     assert reasons["ddp"].startswith("does not fit")
+    smaller = plan(Workload(LLAMA_70B, "full", 4096, 256, 100), p, CAL, objective="fastest")
+    assert (smaller.strategy, smaller.gpus, smaller.grad_accum) == ("fsdp", 32, 1)
+    assert "hsdp" in {r.strategy for r in smaller.rejected}
 
 
 def test_70b_full_with_a_small_batch_over_ethernet_is_called_communication_bound():

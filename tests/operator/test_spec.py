@@ -71,12 +71,15 @@ def test_steps_come_from_epochs_and_dataset_size():
 
 
 def test_a_deadline_without_a_budget_asks_for_the_cheapest_plan_that_meets_it():
+    """Full fine-tuning, whose sharding costs more per GPU added (a LoRA job's DDP scales at the same cost,
+    so its cheapest plan is also its fastest)."""
     cal, h200 = calibration.load()
     pool = Pool("h200", h200, 8, 1, LINKS["nvlink4"], None, 3.5)
-    base = {**SPEC, "resources": {"maxGPUs": 8}, "hyperparameters": {"maxSteps": 2000, "globalBatchSize": 64}}
-    cheapest = plan_job(FineTuneJobSpec.model_validate(base), pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
+    base = {**SPEC, "method": {"type": "full"}, "resources": {"maxGPUs": 8},
+            "hyperparameters": {"maxSteps": 2000, "globalBatchSize": 64}}
+    cheapest = plan_job(FineTuneJobSpec.model_validate(base), pool, cal, CATALOG["meta-llama/Llama-3.2-3B"])
     deadline = int(cheapest.predicted.duration_seconds * 0.6)  # the cheapest is too slow for it
     rushed = plan_job(FineTuneJobSpec.model_validate({**base, "resources": {"maxGPUs": 8, "deadlineSeconds": deadline}}),
-                      pool, cal, CATALOG["meta-llama/Llama-3.1-8B"])
+                      pool, cal, CATALOG["meta-llama/Llama-3.2-3B"])
     assert rushed.predicted.duration_seconds <= deadline < cheapest.predicted.duration_seconds
     assert rushed.predicted.cost_usd >= cheapest.predicted.cost_usd and "cheapest-within-deadline" in rushed.explanation

@@ -12,9 +12,19 @@ from tunewright_operator.spec import JobPlan
 
 RECENT_POINTS = 50  # the steps a diagnosis reads: recent enough to be the job as it runs now
 SERIES_POINTS = 500
-# Not measured by the runtime yet (DESIGN.md's GPU utilization): said, not faked.
-SM_ACTIVE_UNAVAILABLE = ("not measured: the runtime does not sample NVML GPM (SM-active, tensor-active, DRAM "
-                         "bandwidth) yet; gpuBusyShare is the profiler's kernel-active share, not SM-active")
+# The step records' GPU activity (NVML GPM and utilization.gpu) as the telemetry names it
+GPU_ACTIVITY = {"smActive": "sm_active_share", "tensorActive": "tensor_active_share",
+                "dramBandwidth": "dram_bandwidth_share", "kernelActive": "kernel_active_share"}
+NOT_REPORTED = "not reported: no step record has carried GPU activity yet"
+
+
+def gpu_activity(point: dict | None) -> dict:
+    """A metric point's GPU activity, camelCase; where SM-active is missing, the runtime's reason."""
+    point = point or {}
+    out = {name: point.get(field) for name, field in GPU_ACTIVITY.items()}
+    out["smActiveUnavailable"] = (None if out["smActive"] is not None
+                                  else point.get("gpu_activity_unavailable") or NOT_REPORTED)
+    return out
 
 
 def held_seconds(job: Job) -> float | None:
@@ -42,7 +52,8 @@ def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> di
     telemetry's `latest` and `/metrics` report them."""
     predicted = plan.predicted if plan else None
     latest = job.telemetry(plan).model_dump(by_alias=True)
-    found = diagnose(plan, observed(session, job))
+    seen = observed(session, job)
+    found = diagnose(plan, seen)
     cost = latest.get("costUSD")
     progress = job.progress()
     return latest | {
@@ -50,7 +61,7 @@ def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> di
         "goodput": found.goodput,
         "dataWaitShare": next((c.measured_share for c in found.components if c.name == "data wait"), None),
         "gpuBusyShare": (job.comm or {}).get("gpu_busy_share"),
-        "smActive": None, "smActiveUnavailable": SM_ACTIVE_UNAVAILABLE,
+        **gpu_activity(seen.points[-1] if seen.points else None),
         "costPerMillionTokensUSD": cost / job.trained_tokens * 1e6 if cost is not None and job.trained_tokens else None,
         "projectedCostUSD": (cost + progress.eta_seconds * predicted.cost_usd / predicted.duration_seconds
                              if cost is not None and progress.eta_seconds is not None and predicted
@@ -59,8 +70,8 @@ def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> di
 
 
 def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> dict:
-    """The latest measured values beside the plan's, and their series: per logged step, and per profiler
-    window (communication and how busy the GPU was)."""
+    """The latest measured values beside the plan's, and their series: per logged step, per profiler window
+    (communication and how busy the GPU was), and per evaluation (validation loss and accuracy)."""
     job = owned_job(session=session, tenant=tenant, job_id=job_id)
     plan = job.job_plan
     predicted = plan.predicted if plan else None
@@ -75,12 +86,22 @@ def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> dict:
     series = [{"step": p.step, "time": p.time, "loss": p.data.get("loss"),
                "tokensPerSecond": p.data.get("tokens_per_second"), "mfu": mfu(p.data.get("tokens_per_second")),
                "stepSeconds": p.data.get("step_seconds"), "dataSeconds": p.data.get("data_seconds"),
-               "peakMemoryGiB": p.data.get("peak_memory_gib")} for p in points]
+               "peakMemoryGiB": p.data.get("peak_memory_gib"),
+               **{name: p.data.get(field) for name, field in GPU_ACTIVITY.items()}} for p in points]
     windows = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics")
                            .order_by(JobEvent.id)).all()
     comm = [{"step": e.data["step"], "commShare": e.data["comm_share"],
-             "commShareExposed": e.data["comm_share_exposed"], "gpuBusyShare": e.data.get("gpu_busy_share")}
+             "commShareExposed": e.data["comm_share_exposed"], "gpuBusyShare": e.data.get("gpu_busy_share"),
+             "waitSecondsPerStep": e.data.get("wait_seconds_per_step"),
+             "transferSecondsPerStep": e.data.get("transfer_seconds_per_step"),
+             "slowestRank": e.data.get("slowest_rank"),
+             "rankOwnSeconds": {"min": e.data.get("rank_own_seconds_min"),
+                                "median": e.data.get("rank_own_seconds_median"),
+                                "max": e.data.get("rank_own_seconds_max")}}
             for e in windows if e.data and "comm_share" in e.data]
+    evaluations = [{"step": e.data["step"], "valLoss": e.data["val_loss"],
+                    "valTokenAccuracy": e.data.get("val_token_accuracy"), "exactMatch": e.data.get("exact_match")}
+                   for e in windows if e.data and "val_loss" in e.data]
     return {"object": "tunewright.job.telemetry", "job_id": job.id, "status": job.status,
             "predicted": predicted.model_dump(by_alias=True) if predicted else None, "latest": latest,
-            "series": series, "comm": comm}
+            "series": series, "comm": comm, "evaluations": evaluations}

@@ -31,6 +31,7 @@ from tunewright_operator.planner.estimate import (
     estimate,
     gpu_state_bytes,
     lora_modules,
+    loss_tokens,
     matmul_flops,
     recompute_factor,
 )
@@ -62,10 +63,13 @@ class Measurement:
     tokens_per_second: float
     comm_share: float | None = None  # measured by the runtime's profiler window (commshare.py)
     comm_share_exposed: float | None = None
+    packed: bool = False  # documents of many lengths packed into the rows (`gpu_runs.Run.data` "variable")
 
     @property
     def in_fit_set(self) -> bool:
-        return self.workload.model.name in FIT_MODELS and self.layout.gpus == 1
+        """Fixed-length rows on one GPU of the smallest models: packed rows are held out, a check that a
+        packed row costs what a full one does (attention runs per document, the row's tokens are the same)."""
+        return self.workload.model.name in FIT_MODELS and self.layout.gpus == 1 and not self.packed
 
 
 def run_setup(run: Mapping) -> tuple[Workload, Layout]:
@@ -93,7 +97,8 @@ def load_measurements(paths: list[Path]) -> list[Measurement]:
             out.append(Measurement(row["name"], workload, layout, row["step_seconds_median"],
                                    row["forward_backward_seconds_median"], row["optimizer_seconds_median"],
                                    row["peak_memory_gib"] * GIB, row["tokens_per_second"],
-                                   row.get("comm_share"), row.get("comm_share_exposed")))
+                                   row.get("comm_share"), row.get("comm_share_exposed"),
+                                   packed=row.get("data") == "variable"))
     return out
 
 
@@ -132,10 +137,13 @@ def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
     gpu = gpu.calibrated(memory_efficiency=bytes_per_s / gpu.hbm_bytes_per_s)
     bandwidth = gpu.hbm_bytes_per_s * gpu.memory_efficiency
     offloaded = [m for m in measurements if m.in_fit_set and m.layout.cpu_offload and m.workload.method == "full"]
+    # Without offloaded runs the host AdamW rate is carried from the calibration being replaced: it is the
+    # host's, which no GPU kernel changes.
     cpu_adam = (statistics.median(m.optimizer_seconds * m.layout.shard_group / m.workload.trainable_params
-                                  for m in offloaded) if offloaded else base.cpu_adam_seconds_per_param)
+                                  for m in offloaded) if offloaded else load()[0].cpu_adam_seconds_per_param)
 
-    # Memory: measured peak - states = activations (per-family rate) + logits (shared rate).
+    # Memory: measured peak - states = activations (per-family rate) + logits (shared rate): the peak at the
+    # start of backward, which on these runs (micro-batches of 2-16 sequences) is above the end of backward's.
     rows, targets = [], []
     for m in fit_set:
         w, lay, p = m.workload, m.layout, m.workload.model
@@ -145,7 +153,7 @@ def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
             base.act_bytes_per_ffn * p.ffn if p.gated_mlp else 0)
         if lay.activation_checkpointing:
             known += tokens * p.layers * BF16 * p.hidden
-        rows.append([tokens * layers * p.hidden * (p.family == f) for f in families] + [tokens * p.vocab])
+        rows.append([tokens * layers * p.hidden * (p.family == f) for f in families] + [loss_tokens(w, lay) * p.vocab])
         targets.append(m.peak_memory_bytes - known)
     memory = _weighted_solve(rows, targets, [1 / m.peak_memory_bytes for m in fit_set])
 

@@ -1,10 +1,11 @@
 """Memory and time of one layout of one workload: pure arithmetic, no I/O.
 
-Memory is the allocator's peak per GPU (what `torch.cuda.max_memory_allocated` reports), in bytes:
-model states by strategy (REFERENCE.md table, as the runtime actually stores them; with CPU offload they
-move to host memory, reported apart), activations per micro-batch, logits and loss. Time per optimizer
-step is split into matrix-product time, memory-bound time, exposed communication, exposed host copies and
-the optimizer step (the host's when offloaded). The constants that kernels decide (bytes kept or moved per
+Memory is the allocator's peak per GPU (what `torch.cuda.max_memory_allocated` reports), in bytes, at
+the higher of two moments: the start of backward (model states by strategy, REFERENCE.md table, as the
+runtime actually stores them; activations per micro-batch, logits and loss) and the end of backward (the
+states and every gradient, the activations freed). With CPU offload the states move to host memory,
+reported apart. Time per optimizer step is split into matrix-product time, memory-bound time, exposed
+communication, exposed host copies and the optimizer step (the host's when offloaded). The constants that kernels decide (bytes kept or moved per
 token, efficiencies) live in `Calibration`, fitted to measured runs (calibration_fit.py).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunewright_operator.planner.hardware import GPU, Pool
+from tunewright_operator.planner.hardware import GPU, Link, Pool
 from tunewright_operator.planner.models import ModelProfile
 
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
@@ -81,10 +82,18 @@ class Calibration:
     comm_interference: float = 0.3  # overlapped collectives still slow compute (SMs and HBM they share)
 
 
+START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
+GRADIENTS = "gradients (fp32)"
+ROOT_GATHERED = "embeddings and head, gathered (bf16)"
+ROOT_GRADIENTS = "embedding and head gradients, reducing (bf16 + fp32 copy)"
+# the terms at each moment that are not states kept through the step
+TRANSIENT_TERMS = {START_OF_BACKWARD: ("activations", "logits and loss"), END_OF_BACKWARD: (GRADIENTS, ROOT_GRADIENTS)}
+
+
 @dataclass(frozen=True)
 class Estimate:
     peak_memory_bytes: float
-    memory_breakdown: dict[str, float]
+    memory_breakdown: dict[str, float]  # the terms at the peak
     host_memory_bytes: float  # per rank, offloaded states (pinned)
     step_seconds: float
     matmul_seconds: float
@@ -94,6 +103,11 @@ class Estimate:
     exposed_comm_seconds: float  # the part that no compute hides
     offload_seconds: float = 0.0  # host <-> GPU copies of offloaded states
     exposed_offload_seconds: float = 0.0
+    peak_moment: str = START_OF_BACKWARD
+    # the link whose collectives cost the step the most (exposed time, then total), and their seconds on it
+    bounding_link: Link | None = None
+    bounding_link_seconds: float = 0.0
+    bounding_link_exposed_seconds: float = 0.0
 
     @property
     def comm_share(self) -> float:
@@ -110,9 +124,9 @@ class Estimate:
 def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
     """Weights and optimizer states one rank keeps between steps (on the GPU, or the host when offloaded).
 
-    Gradients are not counted apart: they are freed after each step and grow during backward as the
-    activations they replace are freed, so the activation term (fitted on measured peaks) covers them;
-    only gradients accumulated across micro-batches stay alive through a forward.
+    Gradients are freed after each step (zero_grad to None) and grow during backward as the activations
+    they replace are freed: they are counted at the end of backward (`end_of_backward_bytes`); only
+    gradients accumulated across micro-batches stay alive through a forward, so they are states here.
     """
     psi, trainable, shard = w.model.params, w.trainable_params, layout.shard_group
     if w.method == "full":
@@ -128,6 +142,13 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
     return out
 
 
+def gathers_weights(w: Workload, layout: Layout) -> bool:
+    """Whether FSDP holds the weights, computing on gathered bf16 copies: always for full fine-tuning (fp32
+    masters); for a frozen LoRA base only when sharded or offloaded (jobs' parallel.one_gpu_shards keeps a
+    bf16 base on one-GPU shards out of FSDP, as plain tensors, so nothing is gathered)."""
+    return w.method == "full" or layout.shard_group > 1 or layout.cpu_offload
+
+
 def host_state_bytes(w: Workload, layout: Layout) -> float:
     """Offloaded states per rank: the sharded states, and the gradients, which land on the host for the
     optimizer step whether or not micro-batches accumulate them."""
@@ -140,11 +161,31 @@ def host_state_bytes(w: Workload, layout: Layout) -> float:
 
 
 def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
-    """States on the GPU at the peak: the sharded ones (unless offloaded), and the blocks being computed,
-    gathered in bf16 (current and prefetched; with shards of one GPU too, FSDP2 computes on a bf16 copy)."""
+    """States on the GPU through forward and backward: the sharded ones (unless offloaded); the blocks being
+    computed, gathered in bf16 (current and prefetched; with shards of one GPU too, FSDP2 computes on a bf16
+    copy); and the root unit (embeddings, head, final norm: jobs' parallel.wrap_model shards the blocks, then
+    the rest as one unit), gathered in bf16 at the start of forward and kept so until backward ends (FSDP2
+    does not reshard its root after forward)."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
-    block = w.model.layer_linear_params
-    out["unsharded blocks"] = 2 * BF16 * block + (FP32 * block if w.method == "full" else 0)
+    if gathers_weights(w, layout):
+        block = w.model.layer_linear_params
+        out["unsharded blocks"] = 2 * BF16 * block + (FP32 * block if w.method == "full" else 0)
+        out[ROOT_GATHERED] = BF16 * w.model.params_outside_blocks
+    return out
+
+
+def end_of_backward_bytes(w: Workload, layout: Layout) -> dict[str, float]:
+    """On the GPU when backward ends, the activations freed: the sharded states; every trainable parameter's
+    gradient, fp32 and sharded like its master (FSDP2 reduce-scatters in fp32 into the master's dtype; with
+    offload they land on the host); and the reduction of the root unit, the last of the step: its gradients
+    unsharded in bf16 (the head's made at the start of backward and held until the root's post-backward)
+    copied into an fp32 reduce-scatter input. The blocks are resharded by then, their last reduce-scatter
+    buffer released."""
+    out = {} if layout.cpu_offload else sharded_states(w, layout)
+    if not layout.cpu_offload and layout.grad_accum == 1:  # accumulated ones are states already
+        out[GRADIENTS] = FP32 * w.trainable_params / layout.shard_group
+    if w.method == "full":  # a LoRA base's embeddings and head are frozen: no gradients
+        out[ROOT_GRADIENTS] = (BF16 + FP32) * w.model.params_outside_blocks
     return out
 
 
@@ -158,7 +199,28 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
         layers = tokens * m.layers * BF16 * m.hidden + per_layer
     else:
         layers = m.layers * per_layer
-    return {"activations": layers, "logits and loss": tokens * m.vocab * cal.logits_bytes_per_vocab}
+    return {"activations": layers, "logits and loss": loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab}
+
+
+# jobs' kernels.FUSED_LOSS_CHUNK_ELEMENTS (a contract test holds them equal): the runtime's fused output
+# head and loss hold the logits of one chunk of tokens at a time, never the micro-batch's
+FUSED_LOSS_CHUNK_ELEMENTS = 1 << 28
+
+
+def loss_tokens(w: Workload, layout: Layout) -> int:
+    """Tokens whose logits are alive at once: one chunk of the fused loss (the runtime's default for
+    the models the planner profiles), or the micro-batch when it is smaller."""
+    return min(layout.micro_batch * w.seq_len, max(1, FUSED_LOSS_CHUNK_ELEMENTS // w.model.vocab))
+
+
+def peak_memory(w: Workload, layout: Layout, cal: Calibration) -> tuple[str, dict[str, float]]:
+    """When the peak falls and its terms. Each block's backward frees its activations and adds its
+    gradients, so memory moves monotonically from the start of backward (states, activations, logits) to
+    its end (states, gradients) and peaks at one of the two: the first for large micro-batches, the second
+    for large models on few GPUs at small ones."""
+    start = {**gpu_state_bytes(w, layout), **activation_bytes(w, layout, cal)}
+    end = end_of_backward_bytes(w, layout)
+    return (END_OF_BACKWARD, end) if sum(end.values()) > sum(start.values()) else (START_OF_BACKWARD, start)
 
 
 # --- time --------------------------------------------------------------------------------------------
@@ -219,13 +281,16 @@ def collective_seconds(nbytes: float, ranks: int, factor: float, link) -> float:
 class Collectives:
     shard_seconds: float  # all-gathers and reduce-scatters in the shard group, every micro-batch
     replica_seconds: float  # the all-reduce across replicas, once per step (last micro-batch's backward)
+    shard_link: Link
+    replica_link: Link
 
 
 def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
     """Seconds of collectives per optimizer step, as the runtime issues them (every strategy is FSDP2)."""
     inter = pool.inter_node or pool.intra_node
-    spans_nodes = layout.nodes > 1 and inter.bus_bytes_per_s < pool.intra_node.bus_bytes_per_s
-    world_link = inter if spans_nodes else pool.intra_node
+    # a ring over several nodes runs at its slowest hop (of equal bandwidths, the one of higher latency)
+    world_link = (min(pool.intra_node, inter, key=lambda link: (link.bus_bytes_per_s, -link.latency_s))
+                  if layout.nodes > 1 else pool.intra_node)
     g, replicas = layout.shard_group, layout.replicas
     shard_link = pool.intra_node if g <= pool.gpus_per_node else world_link
     trainable = w.trainable_params
@@ -234,7 +299,7 @@ def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
     per_micro = (2 * collective_seconds(BF16 * w.model.params, g, (g - 1) / g, shard_link)
                  + collective_seconds(FP32 * trainable, g, (g - 1) / g, shard_link))
     replica = collective_seconds(FP32 * trainable / g, replicas, 2 * (replicas - 1) / replicas, world_link)
-    return Collectives(per_micro * layout.grad_accum, replica)
+    return Collectives(per_micro * layout.grad_accum, replica, shard_link, world_link)
 
 
 def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
@@ -248,7 +313,7 @@ def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
 
 def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estimate:
     gpu: GPU = pool.gpu
-    memory = {**gpu_state_bytes(w, layout), **activation_bytes(w, layout, cal)}
+    moment, memory = peak_memory(w, layout, cal)
     micro = layout.grad_accum
     mm = micro * matmul_flops(w, layout) / (gpu.bf16_flops * gpu.matmul_efficiency)
     mb = micro * (memory_bound_bytes(w, layout, cal) / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
@@ -276,5 +341,13 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
     hidden = total_comm + copies - exposed_comm - exposed_copies
     step = compute + opt + exposed_comm + exposed_copies + cal.comm_interference * hidden
     host = host_state_bytes(w, layout)
+    on_link: dict[Link, tuple[float, float]] = {}  # (total, exposed) seconds per link
+    for link, total, exposed in ((comm.shard_link, comm.shard_seconds, exposed_streamed * streamed_comm_part),
+                                 (comm.replica_link, comm.replica_seconds, exposed_replica)):
+        if total:
+            before = on_link.get(link, (0.0, 0.0))
+            on_link[link] = (before[0] + total, before[1] + exposed)
+    bounding = max(on_link, key=lambda link: (on_link[link][1], on_link[link][0]), default=None)
+    link_total, link_exposed = on_link.get(bounding, (0.0, 0.0))
     return Estimate(sum(memory.values()), memory, host, step, mm, mb, opt, total_comm, exposed_comm, copies,
-                    exposed_copies)
+                    exposed_copies, moment, bounding, link_total, link_exposed)

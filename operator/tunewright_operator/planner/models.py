@@ -49,10 +49,14 @@ class ModelProfile:
         return 7 if self.gated_mlp else 4
 
     @property
+    def params_outside_blocks(self) -> int:
+        """Embeddings (token and learned position), the output head when untied, and the final norm: what the
+        runtime's root FSDP unit holds, apart from the decoder blocks."""
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2) + (self.max_positions + 1) * self.hidden
+
+    @property
     def params(self) -> int:
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2) + self.max_positions * self.hidden
-        norms = (2 * self.layers + 1) * self.hidden
-        return self.layers * self.layer_linear_params + embeddings + norms
+        return self.layers * (self.layer_linear_params + 2 * self.hidden) + self.params_outside_blocks
 
     @property
     def matmul_params(self) -> int:

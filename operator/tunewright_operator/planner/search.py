@@ -11,13 +11,33 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tunewright_operator.planner.estimate import Calibration, Estimate, Layout, Workload, estimate
+from tunewright_operator.planner.estimate import (
+    TRANSIENT_TERMS,
+    Calibration,
+    Estimate,
+    Layout,
+    Workload,
+    estimate,
+)
 from tunewright_operator.planner.hardware import GIB, Pool
 from tunewright_operator.spec import STRATEGIES, JobPlan, Predicted, RejectedOption
 
 USABLE_MEMORY = 0.9  # allocator fragmentation, CUDA context, NCCL buffers: measured reserved ran up to +15%
+# The allocator's peak varies from run to run: Llama-1B full at micro-batch 8 on one H200 read 68.6 GiB in one
+# calibration run and 71.0 GiB in a later run of the same shapes on other data (+3.5%). The tests hold the
+# calibrated model to under-predict no committed run by more than MEMORY_UNDER_PREDICTION_BOUND (the runtime of
+# issue 12, fitted on 9 runs: -5.6% at worst, GPT-2 full with checkpointing), so a run can peak up to
+# (1 + 3.5%) / (1 - 6%) = 1.10 x its prediction: a layout fits when its predicted peak with this margin is
+# within the usable memory.
+RUN_TO_RUN_MEMORY_VARIATION = 0.035
+MEMORY_UNDER_PREDICTION_BOUND = 0.06
+MEMORY_MARGIN = (1 + RUN_TO_RUN_MEMORY_VARIATION) / (1 - MEMORY_UNDER_PREDICTION_BOUND) - 1
 USABLE_HOST_MEMORY = 0.8  # the rest is the OS, the dataloader, the Ray worker processes and page cache
 COMM_BOUND = 0.5  # exposed communication share above which a layout is called communication-bound
+# Near ties: layouts within this share of the best on the objective's measure (cost for the cheapest objectives,
+# duration for the fastest) are told apart by the other measure. A difference this small is below the model's
+# own error (step time ~5%), while the other measure often differs by 2x or more (two GPUs at the cost of one).
+NEAR_TIE = 0.01
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 OBJECTIVES = ("cheapest", "fastest", "fastest-within-budget", "cheapest-within-deadline")
 
@@ -91,16 +111,55 @@ def evaluate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Candi
     tokens_per_second = w.tokens_per_step / e.step_seconds
     duration = w.steps * e.step_seconds
     cost = layout.gpus * duration / 3600 * pool.price_per_gpu_hour
-    fits_gpu = e.peak_memory_bytes <= USABLE_MEMORY * pool.gpu.memory_gib * GIB
+    fits_gpu = e.peak_memory_bytes * (1 + MEMORY_MARGIN) <= USABLE_MEMORY * pool.gpu.memory_gib * GIB
     host_per_node = e.host_memory_bytes * (layout.gpus // layout.nodes)
     fits_host = host_per_node <= USABLE_HOST_MEMORY * pool.host_memory_per_node_gib * GIB
     return Candidate(layout, e, tokens_per_second, duration, cost, fits_gpu, fits_host)
 
 
+def _measures(objective: str, c: Candidate) -> tuple[float, float]:
+    """The objective's measure, then the other: cost then duration for the cheapest objectives."""
+    if objective.startswith("cheapest"):
+        return c.cost_usd, c.duration_seconds
+    return c.duration_seconds, c.cost_usd
+
+
 def _better(objective: str, a: Candidate, b: Candidate) -> bool:
-    if objective in ("cheapest", "cheapest-within-deadline"):
-        return (a.cost_usd, a.duration_seconds) < (b.cost_usd, b.duration_seconds)
-    return (a.duration_seconds, a.cost_usd) < (b.duration_seconds, b.cost_usd)
+    return _measures(objective, a) < _measures(objective, b)
+
+
+def break_near_tie(objective: str, best: Candidate, eligible: list[Candidate]) -> Candidate:
+    """Among the layouts within NEAR_TIE of the best on the objective's measure, the best on the other."""
+    bound = _measures(objective, best)[0] * (1 + NEAR_TIE)
+    near = [c for c in eligible if _measures(objective, c)[0] <= bound]
+    return min(near, key=lambda c: _measures(objective, c)[::-1])
+
+
+@dataclass(frozen=True)
+class BatchCap:
+    """The global batch keeps plans off part of the pool: each data-parallel rank takes whole sequences."""
+
+    global_batch: int
+    gpus: int  # the most GPUs the global batch splits over evenly
+    pool_gpus: int  # the most the pool (and maxGPUs) offers
+    batch_for_pool: int  # the smallest global batch from this one up that splits over them all
+
+    def note(self) -> str:
+        if self.gpus == self.global_batch:
+            limit = f"allows at most {self.gpus} data-parallel ranks at micro-batch 1"
+        else:
+            limit = (f"splits into whole sequences over at most {self.gpus} GPUs (powers of two within a node, "
+                     "whole nodes beyond)")
+        return (f"globalBatchSize {self.global_batch} {limit}; {self.batch_for_pool} would let it use all "
+                f"{self.pool_gpus} GPUs")
+
+
+def batch_cap(w: Workload, pool: Pool, max_gpus: int) -> BatchCap | None:
+    counts = [gpus for gpus, _ in gpu_counts(pool, max_gpus)]
+    dividing = max(g for g in counts if w.global_batch % g == 0)  # 1 always does
+    if dividing == max(counts):
+        return None
+    return BatchCap(w.global_batch, dividing, max(counts), math.ceil(w.global_batch / max(counts)) * max(counts))
 
 
 def _describe(c: Candidate) -> str:
@@ -132,7 +191,8 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
                      f"{single.peak_memory_bytes / GIB:.0f} GiB on one {pool.gpu.name} at micro-batch 1 with "
                      f"checkpointing); use lora")
 
-    best_per_strategy: dict[str, Candidate] = {}
+    best_per_strategy: dict[str, Candidate] = {}  # on the objective's measure alone
+    eligible: dict[str, list[Candidate]] = {}  # fit, and meet the budget or deadline: for near ties
     # least GPU memory without offload, least host memory with it: to say by how much nothing fits
     smallest_per_strategy: dict[tuple[str, bool], Candidate] = {}
     # the cheapest and the fastest that fit, per strategy: to say how far a budget or deadline is
@@ -155,33 +215,49 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
             continue
         if objective == "cheapest-within-deadline" and c.duration_seconds > deadline_seconds:
             continue
+        eligible.setdefault(s, []).append(c)
         if s not in best_per_strategy or _better(objective, c, best_per_strategy[s]):
             best_per_strategy[s] = c
 
+    cap = batch_cap(w, pool, limit)
     rejected = _rejections(strategies, best_per_strategy, smallest_per_strategy, cheapest_fit, fastest_fit, pool,
                            objective, budget_usd, deadline_seconds)
     if not best_per_strategy:
-        raise NoPlan("no layout works: " + "; ".join(f"{r.strategy}: {r.reason}" for r in rejected))
-    chosen = min(best_per_strategy.values(),
-                 key=lambda c: (c.cost_usd, c.duration_seconds) if objective.startswith("cheapest")
-                 else (c.duration_seconds, c.cost_usd))
-    for s, c in sorted(best_per_strategy.items()):
-        if c is chosen:
-            continue
-        rejected.append(RejectedOption(strategy=s, gpus=c.layout.gpus, reason=_compare(c, chosen, objective)))
-    return _to_plan(w, chosen, pool, objective, rejected)
+        raise NoPlan("no layout works: " + "; ".join(f"{r.strategy}: {r.reason}" for r in _noting(rejected, cap)))
+    best = min(best_per_strategy.values(), key=lambda c: _measures(objective, c))
+    chosen = break_near_tie(objective, best, [c for cs in eligible.values() for c in cs])
+    # each other strategy at its best by the same rule, and the layout a near tie passed over
+    shown = [break_near_tie(objective, c, eligible[s]) for s, c in sorted(best_per_strategy.items())
+             if s != chosen.layout.strategy]
+    passed_over = [best] if all(best is not c for c in (chosen, *shown)) else []
+    for c in shown + passed_over:
+        rejected.append(RejectedOption(strategy=c.layout.strategy, gpus=c.layout.gpus,
+                                       reason=_compare(c, chosen, objective)))
+    return _to_plan(w, chosen, best, pool, objective, _noting(rejected, cap), cap)
 
 
-def _footprint(c: Candidate) -> tuple[float, float]:
+def _noting(rejected: list[RejectedOption], cap: BatchCap | None) -> list[RejectedOption]:
+    """The batch cap added to each rejection it limits: those at the cap, and those no GPU count suits."""
+    if cap is None:
+        return rejected
+    return [r.model_copy(update={"reason": f"{r.reason}; {cap.note()}"}) if r.gpus in (None, cap.gpus) else r
+            for r in rejected]
+
+
+def _footprint(c: Candidate) -> tuple[float, float, int]:
+    """To be minimized, in whole MiB; of equal footprints (a peak at the end of backward is the same at any
+    micro-batch) the smallest micro-batch, so that no one need try lowering it."""
     if c.layout.cpu_offload:
-        return (not c.fits_gpu, c.host_bytes_per_node)
-    return (0, c.estimate.peak_memory_bytes)
+        return (not c.fits_gpu, round(c.host_bytes_per_node / 2**20), c.layout.micro_batch)
+    return (0, round(c.estimate.peak_memory_bytes / 2**20), c.layout.micro_batch)
 
 
 def _does_not_fit(c: Candidate, pool: Pool) -> str:
     if not c.fits_gpu:
         need, usable = c.estimate.peak_memory_bytes / GIB, USABLE_MEMORY * pool.gpu.memory_gib
-        return f"{need:.0f} GiB > {usable:.0f} GiB usable per {pool.gpu.name} even at {_describe(c)}"
+        return (f"{need:.0f} GiB at the {c.estimate.peak_moment} ({need * (1 + MEMORY_MARGIN):.0f} with the "
+                f"{MEMORY_MARGIN:.0%} run-to-run margin) > {usable:.0f} GiB usable per {pool.gpu.name} even at "
+                f"{_describe(c)}")
     need, usable = c.host_bytes_per_node / GIB, USABLE_HOST_MEMORY * pool.host_memory_per_node_gib
     return f"{need:.0f} GiB of host memory > {usable:.0f} GiB usable per node even at {_describe(c)}"
 
@@ -214,26 +290,57 @@ def _rejections(strategies, best, smallest, cheapest, fastest, pool: Pool, objec
     return out
 
 
+def _link(e: Estimate) -> str:
+    """The link that bounds a layout's collectives, with its bus bandwidth."""
+    link = e.bounding_link
+    return f"{link.name} at {link.bus_bytes_per_s / 1e9:.3g} GB/s bus bandwidth"
+
+
+def _near_tie(c: Candidate, chosen: Candidate, objective: str) -> str:
+    """Why `c`, better on the objective's own measure, was passed over (see NEAR_TIE)."""
+    if objective.startswith("cheapest"):
+        return (f"{1 - c.cost_usd / chosen.cost_usd:.2%} cheaper but takes "
+                f"{c.duration_seconds / chosen.duration_seconds:.2f}x as long: within {NEAR_TIE:.0%} of the "
+                f"cheapest cost the fastest layout is chosen")
+    return (f"{1 - c.duration_seconds / chosen.duration_seconds:.2%} faster but costs "
+            f"{c.cost_usd / chosen.cost_usd:.2f}x as much: within {NEAR_TIE:.0%} of the fastest duration the "
+            f"cheapest layout is chosen")
+
+
 def _compare(c: Candidate, chosen: Candidate, objective: str) -> str:
     e = c.estimate
     parts = []
     if e.exposed_comm_share > COMM_BOUND:
-        parts.append(f"communication-bound: {e.exposed_comm_share:.0%} of the step exposed")
-    slower = c.duration_seconds / chosen.duration_seconds - 1
-    dearer = c.cost_usd / chosen.cost_usd - 1 if chosen.cost_usd else 0.0
-    if slower > 0.005:
-        parts.append(f"{slower:.0%} slower")
-    elif slower < -0.005:
-        parts.append(f"{-slower:.0%} faster")
-    if dearer > 0.005:
-        parts.append(f"{dearer:.0%} more expensive")
-    elif dearer < -0.005:
-        parts.append(f"{-dearer:.0%} cheaper")
+        parts.append(f"communication-bound: {e.exposed_comm_share:.0%} of the step exposed, on {_link(e)}")
+    if _measures(objective, c)[0] < _measures(objective, chosen)[0]:
+        parts.append(_near_tie(c, chosen, objective))
+    else:
+        slower = c.duration_seconds / chosen.duration_seconds - 1
+        dearer = c.cost_usd / chosen.cost_usd - 1 if chosen.cost_usd else 0.0
+        if slower > 0.005:
+            parts.append(f"{slower:.0%} slower")
+        elif slower < -0.005:
+            parts.append(f"{-slower:.0%} faster")
+        if dearer > 0.005:
+            parts.append(f"{dearer:.0%} more expensive")
+        elif dearer < -0.005:
+            parts.append(f"{-dearer:.0%} cheaper")
     verdict = ", ".join(parts) or "no better"
     return f"best layout {_describe(c)}: {verdict} (objective: {objective})"
 
 
-def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: list[RejectedOption]) -> JobPlan:
+def _communication(e: Estimate) -> str:
+    shares = f"{e.comm_share:.0%} of the step in collectives, {e.exposed_comm_share:.0%} exposed"
+    if e.bounding_link is None:
+        return shares
+    if e.bounding_link_seconds >= e.comm_seconds:
+        return f"{shares}, all on {_link(e)}"
+    return (f"{shares}; bound by {_link(e)}: {e.bounding_link_seconds / e.step_seconds:.0%} of the step, "
+            f"{e.bounding_link_exposed_seconds / e.step_seconds:.0%} exposed")
+
+
+def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: str, rejected: list[RejectedOption],
+             cap: BatchCap | None) -> JobPlan:
     e, lay, m = c.estimate, c.layout, w.model
     mfu = c.tokens_per_second / lay.gpus * m.flops_per_token(w.seq_len, w.method) / pool.gpu.bf16_flops
     predicted = Predicted(
@@ -244,25 +351,35 @@ def _to_plan(w: Workload, c: Candidate, pool: Pool, objective: str, rejected: li
         host_memory_gib_per_node=c.host_bytes_per_node / GIB, comm_share=e.comm_share,
         exposed_comm_share=e.exposed_comm_share, mfu=mfu, tokens_per_second=c.tokens_per_second,
         duration_seconds=c.duration_seconds, cost_usd=c.cost_usd,
-        memory_breakdown_gib={k: v / GIB for k, v in e.memory_breakdown.items()},
+        memory_breakdown_gib={k: v / GIB for k, v in e.memory_breakdown.items()}, memory_margin=MEMORY_MARGIN,
     )
-    regime = ("communication-bound" if e.exposed_comm_share > COMM_BOUND
-              else "bound by the host's optimizer step" if e.optimizer_seconds > 0.5 * e.step_seconds
-              else "compute-bound" if e.matmul_seconds >= e.memory_bound_seconds else "memory-bandwidth-bound")
-    states = sum(v for k, v in e.memory_breakdown.items() if k not in ("activations", "logits and loss")) / GIB
+    # named by the largest part of the step (a step can be bound by two at once: say the larger)
+    regime = max([("compute-bound", e.matmul_seconds), ("memory-bandwidth-bound", e.memory_bound_seconds),
+                  ("bound by the host's optimizer step" if lay.cpu_offload else "bound by the optimizer step",
+                   e.optimizer_seconds),
+                  ("communication-bound", e.exposed_comm_seconds),
+                  ("bound by host copies", e.exposed_offload_seconds)], key=lambda part: part[1])[0]
+    transient = TRANSIENT_TERMS[e.peak_moment]
+    states = sum(v for k, v in e.memory_breakdown.items() if k not in transient) / GIB
+    rest = "activations and logits" if "activations" in transient else "gradients"
     offload = (f"; {c.host_bytes_per_node / GIB:.0f} GiB of states per node in host memory (of "
                f"{USABLE_HOST_MEMORY * pool.host_memory_per_node_gib:.0f} GiB usable), "
                f"{e.exposed_offload_seconds:.3f} s of host copies exposed" if lay.cpu_offload else "")
     explanation = (
-        f"{_describe(c)} ({objective}): {predicted.peak_memory_gib:.1f} GiB per {pool.gpu.name} "
-        f"({states:.1f} GiB weights and optimizer, the rest activations and logits) of "
-        f"{USABLE_MEMORY * pool.gpu.memory_gib:.0f} GiB usable{offload}; {regime}: step {e.step_seconds:.3f} s = "
+        f"{_describe(c)} ({objective}): {predicted.peak_memory_gib:.1f} GiB per {pool.gpu.name} at the "
+        f"{e.peak_moment} ({states:.1f} GiB weights and optimizer, the rest {rest}), "
+        f"{predicted.peak_memory_gib * (1 + MEMORY_MARGIN):.1f} GiB with the {MEMORY_MARGIN:.0%} run-to-run margin, "
+        f"of {USABLE_MEMORY * pool.gpu.memory_gib:.0f} GiB usable{offload}; {regime}: step {e.step_seconds:.3f} s = "
         f"{e.matmul_seconds:.3f} matmul + {e.memory_bound_seconds:.3f} memory-bound + "
         f"{e.optimizer_seconds:.3f} optimizer + {e.exposed_comm_seconds:.3f} exposed communication "
-        f"({e.comm_share:.0%} of the step in collectives, {e.exposed_comm_share:.0%} exposed); "
+        f"({_communication(e)}); "
         f"{c.tokens_per_second:,.0f} tokens/s, MFU {mfu:.0%}, {math.ceil(c.duration_seconds / 60)} min, "
         f"${c.cost_usd:,.2f}."
     )
+    if c is not best:
+        explanation += f" Near tie: {_describe(best)} is {_near_tie(best, c, objective)}."
+    if cap is not None and lay.gpus == cap.gpus:
+        explanation += f" The global batch holds it to {cap.gpus} GPUs: {cap.note()}."
     return JobPlan(pool=pool.name, strategy=lay.strategy, workers=lay.gpus, gpus=lay.gpus, nodes=lay.nodes,
                    micro_batch=lay.micro_batch, grad_accum=lay.grad_accum,
                    activation_checkpointing=lay.activation_checkpointing, shard_group=lay.shard_group,

@@ -1,0 +1,296 @@
+"""Check the runtime's online telemetry against a trusted reference, and measure what it costs (issue 13).
+
+On the GPU machine (no Ray: the runtime under this script, one process per run):
+
+  python benchmarks/telemetry_check.py run --out OUT [--cases gpt2-full llama1b-lora] [--steps 110]
+
+For each case, in the same invocation and on the same GPU:
+- telemetry off (no profiler windows, no GPM reads) and on (the defaults: GPM every logged step, a
+  two-step profiler window every 100 steps), alternated, `--repeats` times each: the overhead is the mean
+  step time with it on over the mean with it off, the profiled steps included (what a user pays);
+- one traced run: a profiler window at steps 11-13 with its full Chrome trace kept, and the GPM shares of
+  the same steps, for the offline comparison.
+It writes OUT/telemetry_check.json and OUT/traces.tar.gz.
+
+Offline, where the Holistic Trace Analysis package is installed (`pip install HolisticTraceAnalysis`, in a
+venv of its own: it pins pandas):
+
+  python benchmarks/telemetry_check.py analyze OUT/telemetry_check.json OUT/traces.tar.gz \
+      --write benchmarks/results/telemetry_check_h200.json
+
+compares, per traced window, the online figures with HTA's analysis of the same trace (communication
+share total and exposed within 3 points; the profiler's GPU-busy share with HTA's compute + non-compute
+time) and SM-active with the trace's own SM coverage (each kernel's time x the share of the SMs its grid
+fills, from the trace's `blocks per SM`), and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "jobs"))
+
+from gpu_runs import MODELS, SMOKE_MODELS, build_model, launch_runtime, write_dataset  # noqa: E402
+
+from tunewright_jobs.commshare import chrome_trace_events, comm_share, kernel_time, split_events  # noqa: E402
+
+CASES = {  # name: (model, method, seq_len, micro-batch)
+    "gpt2-full": ("gpt2-124m", "full", 1024, 16),  # short steps: where per-step costs show most
+    "llama1b-lora": ("llama-1b", "lora", 2048, 8),
+}
+TRACED_FIRST_STEP, TRACED_STEPS = 10, 3
+WARMUP = 5  # steps left out of the overhead: compilation, allocator growth
+
+
+def job_config(name: str, model_path: Path, data: Path, out: Path, method: str, seq_len: int, micro_batch: int,
+               steps: int, telemetry: str, gpu: bool = True) -> dict:
+    profile = {"enabled": False}
+    if telemetry == "on":
+        profile = {}  # the defaults users get
+    elif telemetry == "traced":
+        profile = {"first_step": TRACED_FIRST_STEP, "steps": TRACED_STEPS, "every_steps": 0,
+                   "trace_dir": str(out / "traces")}
+    return {
+        "name": name, "output_dir": str(out), "model": {"source": str(model_path)},
+        "method": {"type": method, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
+        "dataset": {"train": str(data), "format": "text"},
+        "hyperparameters": {"max_steps": steps, "learning_rate": 1e-4, "seq_len": seq_len, "warmup_ratio": 0.0,
+                            "global_batch_size": micro_batch},
+        "strategy": {"type": "single", "num_workers": 1, "use_gpu": gpu, "micro_batch_size": micro_batch},
+        "checkpoint": {"final": False},
+        "metrics": {"log_every_steps": 1, "profile": profile, "gpu_activity": telemetry != "off"},
+    }
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def summarize_run(out: Path, telemetry: str) -> dict:
+    recs = records(out)
+    steps = [r for r in recs if r["event"] == "step"]
+    steady = steps[WARMUP:]
+    row = {"telemetry": telemetry, "steps": len(steps),
+           "mean_step_seconds": statistics.fmean(r["step_seconds"] for r in steady),
+           "median_step_seconds": statistics.median(r["step_seconds"] for r in steady),
+           "tokens_per_second": statistics.median(r["tokens_per_second"] for r in steady),
+           "step_seconds": [round(r["step_seconds"], 5) for r in steps],
+           "sm_active": [r.get("sm_active_share") for r in steps]}
+    if telemetry != "off":
+        for field in ("sm_active_share", "tensor_active_share", "dram_bandwidth_share", "kernel_active_share"):
+            values = [r[field] for r in steady if r.get(field) is not None]
+            row[field] = statistics.fmean(values) if values else None
+        row["gpu_activity_unavailable"] = steady[-1].get("gpu_activity_unavailable")
+    if telemetry == "traced":
+        # the window's steps but its last: that step's record also covers stopping the profiler and writing
+        # the trace (seconds with the GPU idle), which the trace itself does not hold
+        window = [r for r in steps if TRACED_FIRST_STEP < r["step"] < TRACED_FIRST_STEP + TRACED_STEPS]
+        row["window_gpm"] = {field: statistics.fmean(r[field] for r in window) if all(
+            r.get(field) is not None for r in window) else None
+            for field in ("sm_active_share", "tensor_active_share", "dram_bandwidth_share", "kernel_active_share")}
+        row["window_comm"] = next(r for r in recs if r["event"] == "comm")
+    return row
+
+
+def run(args) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="tw-telemetry-"))
+    longest = 128 if args.smoke else max(CASES[c][2] for c in args.cases)
+    write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=longest)
+    import torch
+
+    result = {"environment": {"torch": torch.__version__,
+                              "gpu": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(0)},
+              "steps": args.steps, "warmup_steps": WARMUP, "cases": {}}
+    traces = work / "traces"
+    for case in args.cases:
+        model, method, seq_len, micro_batch = CASES[case]
+        profile, extra = (SMOKE_MODELS if args.smoke else MODELS)[model]
+        if args.smoke:
+            seq_len, micro_batch = 128, 2
+        model_path = work / model
+        if not model_path.exists():
+            build_model(profile, extra, model_path)
+        runs = []
+        order = ["off", "on"] * args.repeats + ["traced"]
+        for i, telemetry in enumerate(order):
+            out = work / f"{case}-{i}-{telemetry}"
+            steps = TRACED_FIRST_STEP + TRACED_STEPS + 2 if telemetry == "traced" else args.steps
+            config = job_config(f"{case}-{i}", model_path, work / "data.jsonl", out, method, seq_len, micro_batch,
+                                steps, telemetry, gpu=not args.smoke)
+            started = time.time()
+            proc = launch_runtime(config, out, 1, timeout=300)
+            if proc.returncode:
+                print(proc.stderr[-3000:], flush=True)
+                runs.append({"telemetry": telemetry, "error": proc.stderr[-1500:]})
+                continue
+            row = summarize_run(out, telemetry) | {"wall_seconds": time.time() - started}
+            runs.append(row)
+            print(case, json.dumps({k: v for k, v in row.items() if k not in ("window_comm", "step_seconds", "sm_active")}),
+                  flush=True)
+            if telemetry == "traced":
+                (traces / case).mkdir(parents=True, exist_ok=True)
+                for trace in (out / "traces").glob("*.json.gz"):
+                    trace.rename(traces / case / trace.name)
+        ok = [r for r in runs if "error" not in r]
+        on = [r["mean_step_seconds"] for r in ok if r["telemetry"] == "on"]
+        off = [r["mean_step_seconds"] for r in ok if r["telemetry"] == "off"]
+        result["cases"][case] = {
+            "model": model, "method": method, "seq_len": seq_len, "micro_batch": micro_batch, "runs": runs,
+            "overhead": statistics.fmean(on) / statistics.fmean(off) - 1 if on and off else None,
+            # run-to-run spread of the same setting: the overhead is only as precise as this
+            "spread_off": (max(off) - min(off)) / statistics.fmean(off) if len(off) > 1 else None,
+            "spread_on": (max(on) - min(on)) / statistics.fmean(on) if len(on) > 1 else None}
+        (args.out / "telemetry_check.json").write_text(json.dumps(result, indent=2))
+    with tarfile.open(args.out / "traces.tar.gz", "w:gz") as tar:
+        tar.add(traces, arcname="traces")
+    print(f"\n{'case':14} {'off s/step':>11} {'on s/step':>10} {'overhead':>9} {'spread':>7} {'SM-active':>10} "
+          f"{'tensor':>7} {'DRAM':>6} {'kernel-active':>14}")
+    for case, c in result["cases"].items():
+        on_runs = [r for r in c["runs"] if r.get("telemetry") == "on" and "error" not in r]
+        off_runs = [r for r in c["runs"] if r.get("telemetry") == "off" and "error" not in r]
+        if not on_runs or not off_runs:
+            print(f"{case:14} FAILED")
+            continue
+        g = on_runs[-1]
+        spread = max(c["spread_off"] or 0.0, c["spread_on"] or 0.0)
+        print(f"{case:14} {statistics.fmean(r['mean_step_seconds'] for r in off_runs):>11.4f} "
+              f"{statistics.fmean(r['mean_step_seconds'] for r in on_runs):>10.4f} {c['overhead']:>+9.2%} "
+              f"{spread:>7.2%} {_pct(g.get('sm_active_share')):>10} {_pct(g.get('tensor_active_share')):>7} "
+              f"{_pct(g.get('dram_bandwidth_share')):>6} {_pct(g.get('kernel_active_share')):>14}")
+    return 0
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+# --- offline: the same windows through our arithmetic, HTA's, and the trace's SM coverage ---------------
+
+
+def sm_coverage(trace: dict, sms: int) -> tuple[float, float]:
+    """(share of the window with a kernel on the GPU, share of SM time the kernels' grids covered): each
+    kernel counts for its duration x min(1, its blocks / the SMs), overlapping kernels added up to a cap of 1."""
+    kernels = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    start = min(e["ts"] for e in kernels)
+    end = max(e["ts"] + e["dur"] for e in kernels)
+    covered = 0.0
+    for e in kernels:
+        args = e.get("args", {})
+        per_sm = args.get("blocks per SM")
+        if per_sm is None:
+            grid = args.get("grid", [1, 1, 1])
+            per_sm = grid[0] * grid[1] * grid[2] / sms
+        covered += e["dur"] * min(1.0, float(per_sm))
+    busy = kernel_time(chrome_trace_events(trace)).busy_seconds * 1e6
+    return busy / (end - start), min(1.0, covered / (end - start))
+
+
+def hta_breakdown(trace_dir: Path) -> dict:
+    from hta.trace_analysis import TraceAnalysis
+
+    analysis = TraceAnalysis(trace_dir=str(trace_dir))
+    temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
+    kernels = analysis.get_gpu_kernel_breakdown(visualize=False)[0]  # by kernel type: COMMUNICATION, ...
+    by_type = {row["kernel_type"]: row["sum"] for _, row in kernels.iterrows()}
+    total = temporal["idle_time(us)"] + temporal["compute_time(us)"] + temporal["non_compute_time(us)"]
+    comm_us = sum(v for k, v in by_type.items() if "COMMUNICATION" in k)
+    out = {"idle_share": temporal["idle_time(us)"] / total,
+           "busy_share": (temporal["compute_time(us)"] + temporal["non_compute_time(us)"]) / total,
+           "comm_share": comm_us / total}
+    if comm_us:
+        overlap = analysis.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"] / 100
+        out["comm_share_exposed"] = comm_us * (1 - overlap) / total
+    else:
+        out["comm_share_exposed"] = 0.0
+    return out
+
+
+def analyze(args) -> int:
+    measured = json.loads(args.measured.read_text())
+    traces = Path(tempfile.mkdtemp(prefix="tw-traces-"))
+    with tarfile.open(args.traces) as tar:
+        tar.extractall(traces, filter="data")
+    rows = []
+    for case, c in measured["cases"].items():
+        traced = next((r for r in c["runs"] if r.get("telemetry") == "traced" and "error" not in r), None)
+        files = sorted((traces / "traces" / case).glob("*.json.gz"))
+        if traced is None or not files:
+            continue
+        with gzip.open(files[0], "rt") as fh:
+            trace = json.load(fh)
+        events = chrome_trace_events(trace)
+        kernels = [e for e in events if e.kind == "kernel"]
+        window_s = (max(e.end_ns for e in kernels) - min(e.start_ns for e in kernels)) / 1e9
+        ours_offline = comm_share(*split_events(events), window_s)
+        busy, coverage = sm_coverage(trace, args.sms)
+        hta = hta_breakdown(files[0].parent)
+        online = traced["window_comm"]
+        gpm = traced["window_gpm"]
+        rows.append({
+            "case": case,
+            "comm_share": {"online": online["comm_share"], "offline_ours": ours_offline.total, "hta": hta["comm_share"]},
+            "comm_share_exposed": {"online": online["comm_share_exposed"], "offline_ours": ours_offline.exposed,
+                                   "hta": hta["comm_share_exposed"]},
+            "gpu_busy_share": {"online": online.get("gpu_busy_share"), "trace": busy, "hta": hta["busy_share"]},
+            "sm_active": {"gpm_window": gpm["sm_active_share"], "trace_sm_coverage": coverage,
+                          # the same setting's steady steps, in the runs with telemetry on
+                          "gpm_steady": statistics.fmean(r["sm_active_share"] for r in c["runs"]
+                                                         if r.get("telemetry") == "on" and r.get("sm_active_share"))},
+            "kernel_active": {"nvml": gpm["kernel_active_share"], "trace_busy": busy},
+            "overhead": c["overhead"], "spread": max(c["spread_off"] or 0.0, c["spread_on"] or 0.0),
+        })
+    print(f"{'case':14} {'comm online/HTA':>16} {'exposed online/HTA':>19} {'busy online/HTA':>16} "
+          f"{'SM-active GPM/trace':>20} {'overhead':>9}")
+    for r in rows:
+        print(f"{r['case']:14} {_pair(r['comm_share'], 'online', 'hta'):>16} "
+              f"{_pair(r['comm_share_exposed'], 'online', 'hta'):>19} {_pair(r['gpu_busy_share'], 'online', 'hta'):>16} "
+              f"{_pair(r['sm_active'], 'gpm_steady', 'trace_sm_coverage'):>20} {r['overhead']:>+9.2%}")
+    if args.write:
+        args.write.write_text(json.dumps({"measured": measured, "comparison": rows,
+                                          "reference": "HolisticTraceAnalysis "
+                                          + _version("HolisticTraceAnalysis")}, indent=2))
+    return 0
+
+
+def _pair(d: dict, a: str, b: str) -> str:
+    return f"{_pct(d[a])} / {_pct(d[b])}"
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
+    r.add_argument("--steps", type=int, default=110, help="a run's steps (default %(default)s: one default "
+                                                          "profiler window past step 100)")
+    r.add_argument("--repeats", type=int, default=2, help="off/on pairs per case")
+    r.add_argument("--smoke", action="store_true", help="tiny models on the CPU: checks the script")
+    a = sub.add_parser("analyze")
+    a.add_argument("measured", type=Path)
+    a.add_argument("traces", type=Path)
+    a.add_argument("--sms", type=int, default=132, help="the GPU's SMs (H200: 132)")
+    a.add_argument("--write", type=Path)
+    args = parser.parse_args()
+    return run(args) if args.verb == "run" else analyze(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
