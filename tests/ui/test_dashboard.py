@@ -88,6 +88,11 @@ def test_the_job_page_draws_the_curves_the_api_measured(api, browser):
     assert series_points(browser, "chart-throughput") == {"tokens/s": len(series), "MFU": 0}  # no MFU on the CPU
     assert series_points(browser, "chart-comm") == {"communication": len(windows),
                                                     "exposed communication": len(windows), "GPU busy": 0}
+    # a CPU run: every step is on the GPU chart's axis, none with an SM-active value, and the page says why
+    assert browser.attribute("#chart-gpu", "data-points") == str(len(series))
+    assert series_points(browser, "chart-gpu") == {"SM-active": 0, "tensor-active": 0, "DRAM bandwidth": 0,
+                                                   "kernel-active": 0}
+    assert "SM-active not measured: a CPU run: no GPU to read" in browser.text("#chart-gpu-summary")
     for chart in ("chart-loss", "chart-throughput", "chart-comm"):  # uPlot drew lines on its canvas
         drawn = browser.js("""const canvas = document.querySelector(arguments[0] + ' canvas');
             const pixels = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;

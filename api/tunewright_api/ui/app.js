@@ -451,6 +451,21 @@ function communicationChart() {
   });
 }
 
+function gpuChart(unavailable) {
+  return new Chart({
+    id: "chart-gpu", title: "GPU utilization, per logged step", empty: "No step logged yet.",
+    axes: [{scale: "share", label: "share of the step", format: (v) => fmtPct(v, 0), range: [0, 1]}],
+    series: [{label: "SM-active", scale: "share"}, {label: "tensor-active", scale: "share"},
+             {label: "DRAM bandwidth", scale: "share", dash: [6, 4]},
+             {label: "kernel-active", scale: "share", dash: [2, 3]}],
+    summary: ([, sm, tensor, dram, kernel]) => (sm.some(isNum)
+      ? `NVML GPM: SM-active median ${fmtPct(median(sm))}, tensor-active ${fmtPct(median(tensor))}, DRAM ` +
+        `bandwidth ${fmtPct(median(dram))}; kernel-active ${fmtPct(median(kernel))} (NVML utilization.gpu: ` +
+        "any kernel running, however small)."
+      : `SM-active not measured: ${unavailable() || "no step has reported it yet"}.`),
+  });
+}
+
 // --- the job page ----------------------------------------------------------------------------------------
 
 function jobPage(jobId) {
@@ -463,7 +478,9 @@ function jobPage(jobId) {
   const progress = h("div", {class: "job-progress"});
   const problem = h("div", {class: "panel notice bad", role: "alert", hidden: true});
   const figures = h("dl", {class: "figures", id: "figures"});
+  let gpuUnavailable = null;  // the runtime's reason, shown where SM-active is missing
   const loss = lossChart(), throughput = throughputChart(), comm = communicationChart();
+  const gpu = gpuChart(() => gpuUnavailable);
   const planPanel = h("section", {class: "panel", id: "plan", "aria-labelledby": "plan-title"});
   const diagnosisPanel = h("section", {class: "panel", id: "diagnosis", "aria-labelledby": "diagnosis-title"});
   const modelPanel = h("section", {class: "panel", id: "trained-model", "aria-labelledby": "model-title"});
@@ -482,7 +499,7 @@ function jobPage(jobId) {
     h("p", {class: "crumbs"}, h("a", {href: "#/jobs"}, "Jobs"), " / ", jobId),
     head, facts, progress, problem, figures,
     h("div", {class: "grid"}, h("div", {class: "panel"}, loss.figure), h("div", {class: "panel"}, throughput.figure),
-      h("div", {class: "panel"}, comm.figure)),
+      h("div", {class: "panel"}, comm.figure), h("div", {class: "panel"}, gpu.figure)),
     h("div", {class: "sections"}, planPanel, diagnosisPanel, modelPanel, h("div", {class: "grid"}, checkpointsPanel, eventsPanel),
       logPanel));
   render(page);
@@ -570,6 +587,10 @@ function jobPage(jobId) {
     const steps = windows.map((w) => w.step);
     comm.update(aligned([steps], [steps, windows.map((w) => w.commShare)], [steps, windows.map((w) => w.commShareExposed)],
                         [steps, windows.map((w) => w.gpuBusyShare)]));
+    gpuUnavailable = t.latest?.smActiveUnavailable;
+    const at = series.map((s) => s.step);
+    gpu.update(aligned([at], [at, series.map((s) => s.smActive)], [at, series.map((s) => s.tensorActive)],
+                       [at, series.map((s) => s.dramBandwidth)], [at, series.map((s) => s.kernelActive)]));
   }
 
   function drawPlan(j, t, diagnosis) {
