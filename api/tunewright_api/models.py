@@ -6,6 +6,7 @@ import secrets
 from datetime import UTC, datetime
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel
 from pydantic import Field as PydanticField
 from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
@@ -229,4 +230,7 @@ class GpuPool(SQLModel, table=True):
     inter_node: str | None = None
     price_per_gpu_hour: float
     host_memory_gib: float | None = None  # per node; None: the planner's default ratio to GPU memory
+    # opt-in: the links' bandwidth its jobs measured replaces the declared one in the next plans
+    learn_links: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
+    measured_links: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # intraNode / interNode
     created_at: datetime = Field(default_factory=now)

@@ -270,8 +270,14 @@ def test_pools_and_dry_run_plans(server, tiny_models):
     assert alice.post("/v1/pools", json=H100_POOL).status_code == 403
     assert server.client().post("/v1/pools", json=H100_POOL).status_code == 201
     assert server.client().post("/v1/pools", json=H100_POOL).status_code == 409
+    # a pool that learns its links (opt-in): nothing measured yet; forgetting is the admin's
+    learning = server.client().post("/v1/pools", json={**H100_POOL, "name": "learns", "learnLinks": True}).json()
+    assert (learning["learnLinks"], learning["measuredLinks"]) == (True, None)
+    assert alice.delete("/v1/pools/learns/measured-links").status_code == 403
+    assert server.client().delete("/v1/pools/learns/measured-links").json()["measuredLinks"] is None
+    assert server.client().delete("/v1/pools/nowhere/measured-links").status_code == 404
     pools = alice.get("/v1/pools").json()["data"]
-    assert [p["name"] for p in pools] == ["local", "h100"] and pools[0]["workers"] == 2
+    assert [p["name"] for p in pools] == ["local", "h100", "learns"] and pools[0]["workers"] == 2
     spec = {"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "method": {"type": "full"},
             "dataset": {"train": "file-x"}, "hyperparameters": {"maxSteps": 1000, "globalBatchSize": 64}}
     answer = alice.post("/v1/plans", json={"spec": spec, "pool": "h100"}).json()
@@ -285,7 +291,7 @@ def test_pools_and_dry_run_plans(server, tiny_models):
     described = alice.post("/v1/plans", json={"spec": spec, "poolSpec": inline}).json()
     assert described["pool"] == described["plan"]["pool"] == "described"
     assert {**described["plan"], "pool": "h100"} == plan
-    assert [p["name"] for p in alice.get("/v1/pools").json()["data"]] == ["local", "h100"]  # nothing was kept
+    assert [p["name"] for p in alice.get("/v1/pools").json()["data"]] == ["local", "h100", "learns"]  # nothing was kept
     for body in ({"spec": spec}, {"spec": spec, "pool": "h100", "poolSpec": inline}):
         neither_or_both = alice.post("/v1/plans", json=body)
         assert neither_or_both.status_code == 422 and neither_or_both.json()["error"]["param"] == "pool"

@@ -38,12 +38,16 @@ class PoolDescription(CamelModel):
 
 class PoolCreate(PoolDescription):
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    learn_links: bool = Field(default=False, description=(
+        "Opt-in: each profiler window of a multi-GPU job planned on this pool measures the bandwidth its "
+        "collectives got from the link they crossed, and the next plans use the mean of the last windows "
+        "instead of the declared figure (measuredLinks; DELETE /v1/pools/{name}/measured-links forgets them)."))
 
 
 def pool_public(p: GpuPool) -> dict:
     return {"object": "pool", "name": p.name, "gpu": p.gpu, "gpusPerNode": p.gpus_per_node, "maxNodes": p.max_nodes,
             "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour,
-            "hostMemoryGiB": p.host_memory_gib}
+            "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links, "measuredLinks": p.measured_links}
 
 
 @router.get("/pools")
@@ -68,6 +72,18 @@ def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: A
     if body.name in {p["name"] for p in backend.pools()} or session.get(GpuPool, body.name) is not None:
         raise ApiError(409, f"pool {body.name} exists", "name", "exists")
     pool = GpuPool(**body.model_dump())
+    session.add(pool)
+    session.commit()
+    return pool_public(pool)
+
+
+@router.delete("/pools/{name}/measured-links")
+def forget_measured_links(name: str, session: SessionDep, _: AdminToken) -> dict:
+    """Back to the declared links (after a network change, say); learning goes on if learnLinks is set."""
+    pool = session.get(GpuPool, name)
+    if pool is None:
+        raise ApiError(404, f"no described GPU pool {name}", "name", "not_found")
+    pool.measured_links = None
     session.add(pool)
     session.commit()
     return pool_public(pool)

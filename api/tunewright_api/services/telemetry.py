@@ -21,6 +21,7 @@ from tunewright_api.models import (
     add_event,
     results_file_id,
 )
+from tunewright_api.services.plans import learn_links
 from tunewright_api.states import TERMINAL
 from tunewright_api.telemetry import (
     CheckpointRecord,
@@ -132,6 +133,10 @@ def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
             job.comm = record.model_dump(exclude={"event", "time"})
             add_event(session, job, f"step {record.step}: communication {record.comm_share:.1%} of the step "
                                     f"({record.comm_share_exposed:.1%} exposed)", type_="metrics", data=job.comm)
+            transfer = (record.transfer_seconds_per_step if record.transfer_seconds_per_step is not None
+                        else record.comm_seconds_per_step)
+            if (learnt := learn_links(session, job, transfer, record.time)) is not None:
+                add_event(session, job, learnt)
         case EvalRecord():
             add_event(session, job, f"evaluation at step {record.step}", type_="metrics",
                       data=record.model_dump(exclude={"event", "time"}, exclude_none=True))

@@ -99,3 +99,34 @@ def gpu_from_product_name(product: str) -> str | None:
         if key in name:
             return key
     return "L4" if " L4" in f" {name}" else None
+
+
+# --- what the runs on a pool measured of its links (opt-in write-back, per pool) ---------------------------
+
+LINK_WINDOWS_KEPT = 50  # a link's measurement is the mean of its last windows at most this many (older ones fade)
+
+
+def measured_bus_bytes_per_s(declared: Link, predicted_comm_seconds: float, transfer_seconds: float) -> float | None:
+    """The bus bandwidth that would make the plan's predicted collective time equal the measured transfer
+    (the collectives' time less the waiting for the slowest rank): what the link delivered to that job.
+    None where either time is not positive (no collectives predicted, or none measured)."""
+    if predicted_comm_seconds <= 0 or transfer_seconds <= 0:
+        return None
+    return declared.bus_bytes_per_s * predicted_comm_seconds / transfer_seconds
+
+
+def fold_measurement(previous: dict | None, bus_bytes_per_s: float, job_id: str, at: float) -> dict:
+    """A link's record with one more window: the running mean over at most LINK_WINDOWS_KEPT windows."""
+    windows = min((previous or {}).get("windows", 0), LINK_WINDOWS_KEPT - 1)
+    mean = ((previous or {}).get("busBytesPerSecond", 0.0) * windows + bus_bytes_per_s) / (windows + 1)
+    return {"busBytesPerSecond": mean, "windows": windows + 1, "lastJob": job_id, "measuredAt": at}
+
+
+def learned(link: Link, measured: dict | None) -> Link:
+    """The declared link, or its measured bandwidth where runs on the pool measured it (the name says so)."""
+    if not measured:
+        return link
+    windows = measured["windows"]
+    return replace(link, name=f"{link.name} (as measured over {windows} profiler window{'s' if windows != 1 else ''}; "
+                              f"declared {link.bus_bytes_per_s / 1e9:.3g} GB/s)",
+                   bus_bytes_per_s=measured["busBytesPerSecond"])

@@ -1,0 +1,93 @@
+"""Pools that learn their links (issue 13): what a job's profiler windows measured of the link its collectives
+crossed replaces the declared bandwidth in the next plans on that pool, where the pool opts in."""
+
+import pytest
+from sqlmodel import Session
+
+from tunewright_api.db import make_engine, migrate
+from tunewright_api.models import GpuPool, Job, Tenant
+from tunewright_api.services.plans import INTER_NODE, plan_on, pool_of, profile_for
+from tunewright_api.services.telemetry import apply
+from tunewright_api.telemetry import CommRecord
+from tunewright_operator.planner.hardware import (
+    LINK_WINDOWS_KEPT,
+    LINKS,
+    fold_measurement,
+    learned,
+    measured_bus_bytes_per_s,
+)
+from tunewright_operator.spec import FineTuneJobSpec
+
+ETH = LINKS["eth-100g"]
+
+
+@pytest.mark.parametrize(("predicted", "transfer", "bus"), [
+    (1.0, 1.0, ETH.bus_bytes_per_s),  # as declared
+    (1.0, 4.0, ETH.bus_bytes_per_s / 4),  # the collectives took 4x the predicted time: a quarter of the link
+    (0.0, 1.0, None),  # nothing predicted to communicate: nothing to learn
+    (1.0, 0.0, None),  # nothing measured
+])
+def test_the_measured_bandwidth_is_what_makes_the_prediction_match(predicted, transfer, bus):
+    assert measured_bus_bytes_per_s(ETH, predicted, transfer) == (bus and pytest.approx(bus))
+
+
+def test_windows_fold_into_a_running_mean_that_forgets_the_oldest():
+    record = None
+    for bus in (4e9, 6e9):
+        record = fold_measurement(record, bus, "ftjob-a", 1.0)
+    assert (record["busBytesPerSecond"], record["windows"]) == (5e9, 2)
+    for _ in range(2 * LINK_WINDOWS_KEPT):
+        record = fold_measurement(record, 8e9, "ftjob-b", 2.0)
+    assert record["windows"] == LINK_WINDOWS_KEPT and record["busBytesPerSecond"] == pytest.approx(8e9, rel=0.15)
+    assert record["lastJob"] == "ftjob-b"
+    link = learned(ETH, record)
+    assert link.bus_bytes_per_s == record["busBytesPerSecond"] and "as measured over" in link.name and "declared 11.2 GB/s" in link.name
+    assert learned(ETH, None) is ETH
+
+
+SPEC = {"model": {"source": "hf://meta-llama/Llama-3.1-70B"}, "method": {"type": "full"},
+        "dataset": {"train": "file-1", "format": "text"},
+        "hyperparameters": {"maxSteps": 100, "seqLen": 4096, "globalBatchSize": 128},
+        "resources": {"pool": "eth4x8", "budgetUSD": 100000}}  # the fastest within it: over 4 nodes
+
+
+@pytest.mark.parametrize("learns", [True, False])
+def test_a_window_teaches_an_opted_in_pool_its_link_and_the_next_plan_uses_it(tmp_path, learns):
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    migrate(engine)
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    profile = profile_for(spec.model.source, param="model.source")
+    with Session(engine) as session:
+        pool = GpuPool(name="eth4x8", gpu="H100", gpus_per_node=8, max_nodes=4, intra_node="nvlink4",
+                       inter_node="eth-100g", price_per_gpu_hour=4.0, host_memory_gib=2048, learn_links=learns)
+        tenant = Tenant(name="alice")
+        session.add_all([pool, tenant])
+        session.flush()
+        before = plan_on(spec=spec, profile=profile, pool=pool_of(pool), dataset_tokens=None, spec_param=None)
+        assert before.nodes > 1 and before.predicted.comm_seconds > 0
+        job = Job(tenant_id=tenant.id, model="llama-70b", spec=SPEC, plan=before.model_dump(by_alias=True))
+        session.add(job)
+        session.flush()
+        # the collectives took twice the predicted time, a fifth of it waiting for the slowest rank
+        comm = 2.5 * before.predicted.comm_seconds
+        apply(session, job, CommRecord(event="comm", step=10, time=1e9, profiled_steps=2, profiled_step_seconds=100.0,
+                                       comm_share=0.5, comm_share_exposed=0.3, comm_seconds_per_step=comm,
+                                       exposed_comm_seconds_per_step=0.3 * 100, comm_share_max_rank=0.5,
+                                       comm_share_exposed_max_rank=0.3, wait_seconds_per_step=comm / 5,
+                                       transfer_seconds_per_step=comm * 4 / 5))
+        session.commit()
+        session.refresh(pool)
+        if not learns:
+            assert pool.measured_links is None
+            return
+        assert set(pool.measured_links) == {INTER_NODE}  # several nodes: the Ethernet bounds the ring
+        assert pool.measured_links[INTER_NODE]["busBytesPerSecond"] == pytest.approx(ETH.bus_bytes_per_s / 2)
+        assert pool.measured_links[INTER_NODE]["lastJob"] == job.id
+        after = plan_on(spec=spec, profile=profile, pool=pool_of(pool), dataset_tokens=None, spec_param=None)
+        assert (f"Ethernet 100 Gb/s per node (as measured over 1 profiler window; declared "
+                f"{ETH.bus_bytes_per_s / 1e9:.3g} GB/s) at {ETH.bus_bytes_per_s / 2e9:.3g} GB/s bus bandwidth"
+                in after.explanation)
+        assert after.predicted.step_seconds > before.predicted.step_seconds  # half the bandwidth it declared
+        assert pool_of(pool).intra_node == LINKS["nvlink4"]  # untouched: nothing measured within a node
+        pool.learn_links = False  # opting out plans on the declared links again, what was learnt is kept
+        assert pool_of(pool).inter_node == ETH and pool.measured_links
