@@ -47,8 +47,8 @@ def assert_measured_comm_share(cfg):
     assert record.comm_seconds_per_step < record.profiled_step_seconds
     assert record.wait_seconds_per_step + record.transfer_seconds_per_step == pytest.approx(
         record.comm_seconds_per_step)
+    # (each rank times its own window: another rank's own time may exceed rank 0's step)
     assert 0 < record.rank_own_seconds_min <= record.rank_own_seconds_median <= record.rank_own_seconds_max
-    assert record.rank_own_seconds_max <= record.profiled_step_seconds
     return record
 
 
