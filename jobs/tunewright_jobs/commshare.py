@@ -249,9 +249,9 @@ class CommProfiler:
         means = [v / n for v in self.dist.all_reduce_sum(
             [share.total, share.exposed, share.comm_seconds / steps, share.exposed_seconds / steps,
              *(v / steps for v in gpu[:3]), gpu[3]])]
-        peaks = self.dist.all_reduce_max([share.total, share.exposed])
-        ranks = self._per_rank([window / steps, share.exposed_seconds / steps])
-        late = stragglers([r[0] for r in ranks], [r[1] for r in ranks])
+        ranks = self._per_rank([share.total, share.exposed, window / steps, share.exposed_seconds / steps])
+        peaks = [max(r[0] for r in ranks), max(r[1] for r in ranks)]
+        late = stragglers([r[2] for r in ranks], [r[3] for r in ranks])
         own = sorted(late.own_seconds)
         return CommRecord(step=step + 1, profiled_steps=steps, profiled_step_seconds=window / steps,
                           comm_share=means[0], comm_share_exposed=means[1],

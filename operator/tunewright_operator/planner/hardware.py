@@ -117,8 +117,9 @@ def measured_bus_bytes_per_s(declared: Link, predicted_comm_seconds: float, tran
 
 def fold_measurement(previous: dict | None, bus_bytes_per_s: float, job_id: str, at: float) -> dict:
     """A link's record with one more window: the running mean over at most LINK_WINDOWS_KEPT windows."""
-    windows = min((previous or {}).get("windows", 0), LINK_WINDOWS_KEPT - 1)
-    mean = ((previous or {}).get("busBytesPerSecond", 0.0) * windows + bus_bytes_per_s) / (windows + 1)
+    previous = previous or {}
+    windows = min(previous.get("windows", 0), LINK_WINDOWS_KEPT - 1)
+    mean = (previous.get("busBytesPerSecond", 0.0) * windows + bus_bytes_per_s) / (windows + 1)
     return {"busBytesPerSecond": mean, "windows": windows + 1, "lastJob": job_id, "measuredAt": at}
 
 
