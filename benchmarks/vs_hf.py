@@ -19,6 +19,7 @@ median about 950 tokens, a tail cut at 2048: HF pads each batch to its longest, 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import random
@@ -244,11 +245,11 @@ def main() -> int:
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     environment = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus_visible": visible,
                    "gpu": torch.cuda.get_device_name(0) if visible else "cpu"}
-    for package in ("transformers", "peft", "liger_kernel", "triton"):
+    for package in ("transformers", "peft", "liger-kernel", "triton"):  # liger_kernel has no __version__
         try:
-            environment[package] = __import__(package).__version__
-        except Exception as err:  # noqa: BLE001 (a missing baseline package is recorded, not fatal)
-            environment[package] = f"not importable: {type(err).__name__}"
+            environment[package.replace("-", "_")] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:  # a missing baseline package is recorded, not fatal
+            environment[package.replace("-", "_")] = "not installed"
     results["environment"] = environment
     # each row names the invocation that measured it: ratios hold between rows of one invocation
     invocation = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -96,6 +96,9 @@ class CommRecord(_Record):
     rank_own_seconds_median: Seconds | None = None
     rank_own_seconds_max: Seconds | None = None
     slowest_rank: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    # what the window itself added to the run, and the step the next one opens at
+    window_cost_seconds: Seconds | None = None
+    next_window_step: Step | None = None
     # the window's GPU kernels (absent on the CPU): where the compute went, and how busy the GPU was
     matmul_seconds_per_step: Seconds | None = None
     attention_seconds_per_step: Seconds | None = None

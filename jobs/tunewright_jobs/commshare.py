@@ -14,8 +14,11 @@ The interval arithmetic below is pure; `CommProfiler` is the thin shell around t
 from __future__ import annotations
 
 import logging
+import math
 import re
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,8 +101,9 @@ KERNEL_KINDS = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
     ("matmul", re.compile(r"gemm|xmma|cutlass|cublas|nvjet|wgmma|matmul", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor|foreach", re.I)),
-    ("copy", re.compile(r"memcpy|memset|copy|cat_|chunk_cat|split_with_sizes", re.I)),
+    # compiled kernels before copies: their names list the fused operators (`_to_copy`, `cat`)
     ("compiled (triton)", re.compile(r"^triton_", re.I)),
+    ("copy", re.compile(r"memcpy|memset|copy|cat_|chunk_cat|split_with_sizes", re.I)),
 )
 OTHER_KERNELS = "other elementwise/reduction"
 
@@ -189,26 +193,46 @@ def _trace_events(prof) -> list[TraceEvent]:
             for e in prof.profiler.kineto_results.events()]
 
 
+def next_window_step(opened: int, closed: int, cfg: ProfileConfig, cost_seconds: float | None,
+                     step_seconds: float | None) -> int | None:
+    """The step the next window opens at, after one that profiled steps `opened` to `closed`: `every_steps`
+    after it opened, or later where its cost (the seconds it added to the run) would otherwise exceed
+    `max_overhead` of the training time until then. None: no further window."""
+    if cfg.every_steps == 0:
+        return None
+    spaced = math.ceil(cost_seconds / (cfg.max_overhead * step_seconds)) if cost_seconds and step_seconds else 0
+    return max(opened + cfg.every_steps, closed + 1 + spaced)
+
+
 class CommProfiler:
-    """Profiles `cfg.steps` steps starting at `first_step`, then every `every_steps` (0: once).
+    """Profiles `cfg.steps` steps starting at `first_step`, then every `every_steps` (0: once), spaced further
+    apart where a window costs more than `max_overhead` of the steps between windows.
 
     Call `begin(step)` before a step and `end(step)` after it; `end` returns the ranks' shares as a `comm`
     record when a window closes (every rank must call it: the shares are averaged across ranks), else None.
-    A window opens only where it can close before `total_steps`.
+    A window opens only where it can close before `total_steps`. The steps between windows are timed here
+    (from one `begin` to the next), so a window's cost is its wall time, its analysis included, less what
+    its steps take unprofiled.
     """
 
     def __init__(self, cfg: ProfileConfig, dist, total_steps: int):
         self.cfg, self.dist, self.total_steps = cfg, dist, total_steps
         self._prof = None
         self._window_start = 0.0
+        self._next: int | None = cfg.first_step
+        self._last_begin: float | None = None
+        self._begun = 0
+        self._periods: deque[float] = deque(maxlen=20)  # seconds per unprofiled step, the latest
 
     def _opens_at(self, step: int) -> bool:
-        if not self.cfg.enabled or step < self.cfg.first_step or step + self.cfg.steps > self.total_steps:
-            return False
-        offset = step - self.cfg.first_step
-        return offset == 0 or (self.cfg.every_steps > 0 and offset % self.cfg.every_steps == 0)
+        return (self.cfg.enabled and self._next is not None and step >= self._next
+                and step + self.cfg.steps <= self.total_steps)
 
     def begin(self, step: int) -> None:
+        now = time.perf_counter()
+        if self._last_begin is not None and self._begun > 1:  # the step before: unprofiled, not the first
+            self._periods.append(now - self._last_begin)  # (compilation), and no window's analysis in it
+        self._last_begin, self._begun = now, self._begun + 1
         if self._prof is not None or not self._opens_at(step):
             return
         from torch.profiler import ProfilerActivity, profile
@@ -222,7 +246,10 @@ class CommProfiler:
         self._opened, self._window_start = step, time.perf_counter()
 
     def end(self, step: int) -> CommRecord | None:
-        if self._prof is None or step + 1 - self._opened < self.cfg.steps:
+        if self._prof is None:
+            return None
+        self._last_begin = None  # a profiled step's time is not an unprofiled step's
+        if step + 1 - self._opened < self.cfg.steps:
             return None
         self._sync()
         window = time.perf_counter() - self._window_start
@@ -237,11 +264,16 @@ class CommProfiler:
         except Exception:  # a profiler that cannot trace here costs the measurement, never the run
             log.warning("communication share not measured at step %d", step + 1, exc_info=True)
             share = None
-        # every rank takes part in the reductions below, so that one rank's failure cannot hang the others
-        failed = self.dist.all_reduce_max([1.0 if share is None else 0.0])[0]
+        steps = step + 1 - self._opened
+        usual = statistics.median(self._periods) if self._periods else 0.0
+        spent = time.perf_counter() - self._window_start
+        # every rank takes part in the reductions below, so that one rank's failure cannot hang the others;
+        # every rank schedules the next window from the same (slowest rank's) cost
+        failed, usual, spent = self.dist.all_reduce_max([1.0 if share is None else 0.0, usual, spent])
+        cost = max(0.0, spent - steps * usual) if usual else None
+        self._next = next_window_step(self._opened, step, self.cfg, cost, usual or None)
         if failed:
             return None
-        steps = step + 1 - self._opened
         n = self.dist.world_size
         # every rank has kernels or none does (one device type): the same reductions run everywhere
         gpu = [kernels.matmul_seconds, kernels.attention_seconds, kernels.other_compute_seconds,
@@ -261,6 +293,7 @@ class CommProfiler:
                           transfer_seconds_per_step=max(0.0, means[2] - late.mean_wait_seconds),
                           rank_own_seconds_min=own[0], rank_own_seconds_median=own[len(own) // 2],
                           rank_own_seconds_max=own[-1], slowest_rank=late.slowest_rank,
+                          window_cost_seconds=cost, next_window_step=self._next,
                           **({"matmul_seconds_per_step": means[4], "attention_seconds_per_step": means[5],
                               "other_compute_seconds_per_step": means[6], "gpu_busy_share": min(1.0, means[7])}
                              if kernels else {}))

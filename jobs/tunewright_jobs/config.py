@@ -185,6 +185,10 @@ class ProfileConfig(_Strict):
     first_step: NonNegativeInt = Field(default=2, description="First profiled step (0-based): past warm-up.")
     steps: PositiveInt = Field(default=2, description="Steps per profiled window.")
     every_steps: NonNegativeInt = Field(default=100, description="Window repeat period in steps; 0: once.")
+    max_overhead: float = Field(default=0.005, gt=0, le=1, description=(
+        "Share of the training time the windows may cost: after each window the next is put off until its "
+        "measured cost is at most this share of the steps between them (a longer period than every_steps "
+        "where steps are short)."))
     trace_dir: str | None = Field(default=None, description="Also write each window's full trace there "
                                                             "(Chrome JSON, gzipped; one file per rank and window).")
 

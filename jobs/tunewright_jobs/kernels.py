@@ -4,9 +4,11 @@
 - **fused linear + cross-entropy**: the output head and the loss, chunk by chunk of tokens, gradients made
   in the forward pass, so the [tokens, vocab] logits, their fp32 copy and their gradient never exist whole
   (for a 128k vocabulary and 16k tokens a micro-batch, about 20 GiB that a plain step holds at its peak);
-- **variable-length attention** for packed rows: FlashAttention over each document of a row, bounded by the
-  packing's own offsets, instead of SDPA with a dense block mask (which also computes every
-  cross-document block, and falls off SDPA's flash kernel);
+- **document-bounded attention**: packed rows through FlashAttention's variable-length kernel over each
+  document of a row, bounded by the packing's own offsets, instead of SDPA with a dense block mask (which
+  also computes every cross-document block, and falls off SDPA's flash kernel); micro-batches whose rows
+  hold one document each through causal SDPA, cuDNN's kernel first (on one H200 1.4-1.5x FlashAttention-2's
+  speed on the benchmark's shapes: benchmarks/results/attention_kernels_h200.json);
 - **regional torch.compile**: each decoder block's forward compiled (norms, RoPE, SwiGLU and residuals
   fused); FSDP2's hooks stay outside, so sharding is unchanged.
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tunewright_jobs.config import JobConfig
 from tunewright_jobs.data import IGNORE_INDEX
@@ -31,6 +34,7 @@ from tunewright_jobs.data import IGNORE_INDEX
 log = logging.getLogger(__name__)
 
 VARLEN = "tunewright_varlen"  # our attention's name in transformers' registry
+ONE_DOCUMENT_ROWS = "tw_one_document_rows"  # the attention kwarg saying every row holds one document
 # Logits held at once by the fused loss: chunk tokens x vocabulary (fp32: 1 GiB).
 FUSED_LOSS_CHUNK_ELEMENTS = 1 << 28
 
@@ -108,7 +112,7 @@ def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype
             raise ValueError(f"model.attn_implementation: varlen attention {blocker}; use auto to fall back to sdpa")
         attention = "sdpa" if blocker else VARLEN
         reasons.append(f"attention: sdpa (varlen attention {blocker})" if blocker else
-                       "attention: varlen over each packed document" + (" (asked for)"
+                       "attention: varlen over each packed document, cuDNN's SDPA for rows of one" + (" (asked for)"
                                                                        if cfg.model.attn_implementation == "varlen"
                                                                        else ""))
     else:
@@ -272,7 +276,7 @@ def loss_sum(model, batch: dict[str, torch.Tensor], kernels: Kernels) -> torch.T
 
 # --- variable-length attention -----------------------------------------------------------------------
 
-VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", ONE_DOCUMENT_ROWS)
 
 
 def document_offsets(position_ids: np.ndarray) -> np.ndarray:
@@ -283,27 +287,53 @@ def document_offsets(position_ids: np.ndarray) -> np.ndarray:
     return np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
 
 
-def varlen_inputs(position_ids: np.ndarray, device: torch.device) -> dict:
+def one_document_rows(position_ids: np.ndarray, real_tokens: np.ndarray) -> bool:
+    """Whether each row's real tokens are one document from the row's start (any padding after it): then
+    plain causal attention over the row is exact for every real token, which attends only to its own
+    document's earlier tokens; the padding's outputs carry no loss, so no gradient."""
+    seq_len = position_ids.shape[1]
+    real = np.arange(seq_len)[None, :] < real_tokens[:, None]
+    return not bool(((position_ids[:, 1:] == 0) & real[:, 1:]).any())
+
+
+def varlen_inputs(position_ids: np.ndarray, real_tokens: np.ndarray, device: torch.device) -> dict:
     offsets = torch.as_tensor(document_offsets(position_ids)).to(device, non_blocking=True)
     # The longest a document can be (not the batch's longest): one value, so compiled code never re-specializes.
     longest = int(position_ids.shape[1])
-    return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest}
+    return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest,
+            ONE_DOCUMENT_ROWS: one_document_rows(position_ids, real_tokens)}
+
+
+def _takes_grouped_heads(varlen_attn, causal: dict) -> bool:
+    """Whether this varlen_attn passes fewer key/value heads than query heads to FlashAttention's kernel,
+    which reads each shared head in place (torch 2.11's takes no enable_gqa but checks nothing): tried
+    once on a tiny input against the heads repeated."""
+    try:
+        offsets = torch.tensor([0, 3, 8], dtype=torch.int32, device="cuda")
+        q = torch.randn(8, 4, 64, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(8, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        grouped = varlen_attn(q, k, v, offsets, offsets, 8, 8, **causal)
+        repeated = varlen_attn(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), offsets, offsets,
+                               8, 8, **causal)
+    except (RuntimeError, ValueError):
+        return False
+    return bool(torch.allclose(grouped, repeated))
 
 
 def _varlen_call():
     """torch's varlen_attn with causal masking and GQA, whatever its version calls them (2.10: is_causal;
-    later: window_size; enable_gqa where it exists, else the key/value heads are repeated)."""
+    later: window_size; enable_gqa where it exists, or the grouped heads as they are where the kernel takes
+    them; else the key/value heads are repeated: copies, and their gradients summed back)."""
     from torch.nn.attention.varlen import varlen_attn
 
     params = inspect.signature(varlen_attn).parameters
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    native_gqa = "enable_gqa" in params
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {} if _takes_grouped_heads(varlen_attn, causal) else None
 
     def call(q, k, v, offsets, longest, scale):
         if q.shape[1] != k.shape[1]:
-            if native_gqa:
-                return varlen_attn(q, k, v, offsets, offsets, longest, longest, scale=scale, enable_gqa=True,
-                                   **causal)
+            if gqa is not None:
+                return varlen_attn(q, k, v, offsets, offsets, longest, longest, scale=scale, **gqa, **causal)
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         return varlen_attn(q, k, v, offsets, offsets, longest, longest, scale=scale, **causal)
@@ -323,11 +353,20 @@ def varlen_attention(module, query, key, value, attention_mask, dropout: float =
         raise RuntimeError(f"varlen attention cannot apply {', '.join(unsupported) or 'attention dropout'}: "
                            "set model.attn_implementation to sdpa")
     b, heads, s, d = query.shape
+    if kwargs.get(ONE_DOCUMENT_ROWS):
+        with sdpa_kernel(ONE_DOCUMENT_BACKENDS, set_priority=True):
+            out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                 enable_gqa=key.shape[1] != heads)
+        return out.transpose(1, 2), None
     flat = lambda x: x.transpose(1, 2).reshape(b * s, x.shape[1], d)  # noqa: E731
     out = _VARLEN_CALL[0](flat(query), flat(key), flat(value), offsets, kwargs["max_length_q"], scaling)
     return out.view(b, s, heads, d), None
 
 
+# cuDNN's fused attention first (the fastest on Hopper), FlashAttention-2 where cuDNN cannot take the shape,
+# then the rest (the CPU's math kernel)
+ONE_DOCUMENT_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                         SDPBackend.MATH]
 _VARLEN_CALL: list = []  # the kernel's call, made once (the CPU tests put a reference implementation here)
 
 

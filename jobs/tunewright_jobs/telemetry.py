@@ -156,6 +156,10 @@ class CommRecord(_Record):
     rank_own_seconds_median: float | None = None
     rank_own_seconds_max: float | None = None
     slowest_rank: int | None = None
+    # what the window added to the run (its wall time, analysis included, less its steps' usual time) and
+    # where the next one opens (spaced to keep the windows within metrics.profile.max_overhead)
+    window_cost_seconds: float | None = None
+    next_window_step: int | None = None
     # GPU kernels of the window (mean over ranks; absent on the CPU): matrix products, attention, the rest
     # of the compute, and the share of the window any kernel ran
     matmul_seconds_per_step: float | None = None

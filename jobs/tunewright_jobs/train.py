@@ -6,6 +6,7 @@ The same function runs in one process, under torchrun and inside a Ray Train wor
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -110,10 +111,12 @@ def build_scheduler(cfg: JobConfig, optimizer, steps: int):
 
 
 def to_device(batch: Rows, device: torch.device, kernels: Kernels) -> dict[str, torch.Tensor]:
-    """A micro-batch's tensors on the device, with the packing's document offsets for varlen attention."""
+    """A micro-batch's tensors on the device, with the packing's document offsets for varlen attention (and
+    whether its rows hold one document each)."""
     tensors = {name: torch.as_tensor(getattr(batch, name)).to(device, non_blocking=True)
                for name in ("input_ids", "labels", "position_ids")}
-    return tensors | (varlen_inputs(batch.position_ids, device) if kernels.attention == VARLEN else {})
+    return tensors | (varlen_inputs(batch.position_ids, batch.real_tokens, device) if kernels.attention == VARLEN
+                      else {})
 
 
 # --- one optimizer step ------------------------------------------------------------------------------
@@ -276,6 +279,12 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
             time.sleep(delay)
         window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, kernels, timer))
         done = step + 1
+        if step == start_step:
+            # The model, the compiled blocks and everything imported are built now: out of the collector's
+            # reach, so that its full collections stop walking millions of long-lived objects (profiler-free
+            # GPT-2 runs on one H200 showed single ~0.5 s steps; benchmarks/profiler_overhead.py).
+            gc.collect()
+            gc.freeze()
         if (comm := profiler.end(step)) is not None:
             sink.emit(comm)
 
@@ -291,6 +300,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
             save(done)
 
     gpu_activity.close()
+    gc.unfreeze()
     eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
     exported = ExportPaths()
     if cfg.checkpoint.final:

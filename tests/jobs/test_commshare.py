@@ -74,11 +74,33 @@ def test_cpu_traces_split_on_gloo_threads():
     (3, 4, []),  # the first window would end past the run
 ])
 def test_windows_open_only_where_they_can_close(total, every, opened):
-    from tunewright_jobs.commshare import CommProfiler
+    from tunewright_jobs.commshare import CommProfiler, next_window_step
     from tunewright_jobs.config import ProfileConfig
 
-    profiler = CommProfiler(ProfileConfig(first_step=2, steps=2, every_steps=every), dist=None, total_steps=total)
-    assert [s for s in range(total) if profiler._opens_at(s)] == opened
+    cfg = ProfileConfig(first_step=2, steps=2, every_steps=every)
+    profiler, seen = CommProfiler(cfg, dist=None, total_steps=total), []
+    for step in range(total):
+        if profiler._opens_at(step):  # a window costing nothing: the next every_steps after it opened
+            seen.append(step)
+            profiler._next = next_window_step(step, step + 1, cfg, 0.0, 0.1)
+    assert seen == opened
+
+
+@pytest.mark.parametrize(("cost", "step_seconds", "expected"), [
+    (None, None, 102),  # not measured: every_steps after it opened
+    (0.0, 0.08, 102),
+    (0.03, 0.08, 102),  # 30 ms over 98 steps of 80 ms: within 0.5%
+    (0.1, 0.08, 254),  # 100 ms is 0.5% of 250 steps of 80 ms, counted from the step after it closed
+    (0.5, 0.08, 1254),  # 0.5 s: 1250 steps of 80 ms after it closed
+    (0.5, 2.0, 102),  # long steps: every_steps is the bound
+])
+def test_a_costly_window_puts_the_next_off_until_it_is_within_max_overhead(cost, step_seconds, expected):
+    from tunewright_jobs.commshare import next_window_step
+    from tunewright_jobs.config import ProfileConfig
+
+    cfg = ProfileConfig(first_step=2, steps=2, every_steps=100, max_overhead=0.005)
+    assert next_window_step(2, 3, cfg, cost, step_seconds) == expected
+    assert next_window_step(2, 3, cfg.model_copy(update={"every_steps": 0}), cost, step_seconds) is None
 
 
 RECORDED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "traces"

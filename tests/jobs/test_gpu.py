@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -89,6 +90,30 @@ def test_varlen_attention_equals_attention_per_document(kv_heads):
     got = kernels._VARLEN_CALL[0](q, k, v, offsets, 2048, 0.125)
     want = reference_varlen(q.double(), k.double(), v.double(), offsets, 2048, 0.125)
     assert torch.linalg.norm(got.double() - want) / torch.linalg.norm(want) < 1e-2  # bf16 operands
+
+
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_rows_of_one_document_take_causal_sdpa_and_equal_attention_per_document(kv_heads):
+    """One document a row (row 1 then padding): causal SDPA over the rows (cuDNN's kernel on Hopper) gives
+    every real token what attention bounded per document gives, and the varlen kernel is not called."""
+    from tests.jobs.test_kernels import reference_varlen
+    from tunewright_jobs import kernels
+
+    kernels.register_varlen_attention()
+    torch.manual_seed(0)
+    b, s, heads = 4, 1024, 8
+    positions = np.tile(np.arange(s), (b, 1))
+    positions[1, 700:] = np.arange(s - 700)
+    real = np.array([s, 700, s, s])
+    inputs = kernels.varlen_inputs(positions, real, torch.device("cuda"))
+    assert inputs[kernels.ONE_DOCUMENT_ROWS]
+    q = torch.randn(b, heads, s, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, kv_heads, s, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    got, _ = kernels.varlen_attention(None, q, k, v, None, scaling=0.125, **inputs)
+    flat = [x.transpose(1, 2).reshape(b * s, x.shape[1], 64).double() for x in (q, k, v)]
+    want = reference_varlen(*flat, inputs["cu_seq_lens_q"], s, 0.125).view(b, s, heads, 64)
+    real_tokens = torch.as_tensor(np.arange(s)[None, :] < real[:, None], device="cuda")
+    assert torch.linalg.norm(got.double()[real_tokens] - want[real_tokens]) / torch.linalg.norm(want[real_tokens]) < 1e-2
 
 
 def test_the_fast_paths_follow_the_plain_runs_curve(tiny_models, tmp_path):

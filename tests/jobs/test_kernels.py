@@ -13,6 +13,7 @@ from tunewright_jobs.kernels import (
     VARLEN,
     document_offsets,
     fused_linear_cross_entropy,
+    one_document_rows,
     plain_cross_entropy,
     resolve,
 )
@@ -57,6 +58,16 @@ def test_document_offsets_bound_each_packed_document_and_padded_tail():
     positions = np.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]])  # row 0: 3 + 2 + a tail of 1
     assert document_offsets(positions).tolist() == [0, 3, 5, 6, 10, 12]
     assert document_offsets(np.tile(np.arange(4), (2, 1))).tolist() == [0, 4, 8]  # fixed-length rows
+
+
+@pytest.mark.parametrize(("positions", "real", "expected"), [
+    ([[0, 1, 2, 3], [0, 1, 2, 3]], [4, 4], True),  # rows filled by one document
+    ([[0, 1, 2, 0], [0, 1, 0, 1]], [3, 2], True),  # one document each, then a padded tail (positions restart)
+    ([[0, 1, 0, 1], [0, 1, 2, 3]], [4, 4], False),  # a second document in row 0
+    ([[0, 1, 2, 0], [0, 1, 2, 3]], [4, 4], False),  # a one-token second document at the row's end
+])
+def test_one_document_rows_holds_only_where_every_real_token_is_in_its_rows_first_document(positions, real, expected):
+    assert one_document_rows(np.array(positions), np.array(real)) is expected
 
 
 def job(**sections) -> JobConfig:
@@ -180,7 +191,7 @@ def test_varlen_attention_inside_the_model_equals_sdpa_with_the_block_mask(tiny_
         masked = model(input_ids=ids, position_ids=torch.as_tensor(positions), use_cache=False).logits
         model.config._attn_implementation = kernels.VARLEN
         varlen = model(input_ids=ids, position_ids=torch.as_tensor(positions), use_cache=False,
-                       **kernels.varlen_inputs(positions, torch.device("cpu"))).logits
+                       **kernels.varlen_inputs(positions, np.full(2, 10), torch.device("cpu"))).logits
         with kernels.for_evaluation(model):  # no offsets: the plain path
             assert model.config._attn_implementation == "sdpa"
             torch.testing.assert_close(model(input_ids=ids).logits, model(input_ids=ids).logits)
@@ -188,6 +199,34 @@ def test_varlen_attention_inside_the_model_equals_sdpa_with_the_block_mask(tiny_
     torch.testing.assert_close(varlen, masked, rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="without the packing's offsets"):
         model(input_ids=ids)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_rows_of_one_document_take_causal_sdpa_and_equal_attention_per_document(tiny_models, kind, monkeypatch):
+    """Rows holding one document each (row 1 then padding) go through causal SDPA over the whole row, not the
+    varlen kernel: every real token's logits equal those of attention bounded per document."""
+    from transformers import AutoModelForCausalLM
+
+    from tunewright_jobs import kernels
+
+    calls = []
+    monkeypatch.setattr(kernels, "_VARLEN_CALL", [lambda *args: calls.append(args) or reference_varlen(*args)])
+    kernels.register_varlen_attention()
+    model = AutoModelForCausalLM.from_pretrained(tiny_models[kind], attn_implementation="sdpa").eval()
+    model.config._attn_implementation = kernels.VARLEN
+    positions = np.array([list(range(10)), [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]])
+    real = np.array([10, 7])
+    ids = torch.as_tensor(np.random.default_rng(0).integers(0, 300, positions.shape))
+    inputs = kernels.varlen_inputs(positions, real, torch.device("cpu"))
+    assert inputs[kernels.ONE_DOCUMENT_ROWS]
+    with torch.no_grad():
+        rows = model(input_ids=ids, position_ids=torch.as_tensor(positions), use_cache=False, **inputs).logits
+        assert not calls
+        bounded = model(input_ids=ids, position_ids=torch.as_tensor(positions), use_cache=False,
+                        **inputs | {kernels.ONE_DOCUMENT_ROWS: False}).logits
+        assert calls
+    torch.testing.assert_close(rows[0], bounded[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rows[1, :7], bounded[1, :7], rtol=1e-4, atol=1e-4)
 
 
 def test_frozen_weights_leave_fsdp_only_where_nothing_needs_them_there():
