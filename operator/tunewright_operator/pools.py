@@ -7,9 +7,20 @@ planned on wrongly, so every disagreement is reported in its status, in words.
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
-from tunewright_operator.spec import GPUPoolSpec, GPUPoolStatus
+from tunewright_operator.planner.hardware import (
+    GPUS,
+    LINKS,
+    Link,
+    Pool,
+    fold_measurement,
+    gpu_from_product_name,
+    learned,
+    measured_bus_bytes_per_s,
+)
+from tunewright_operator.spec import GPUPoolSpec, GPUPoolStatus, JobPlan, MeasuredLinks
 
 PRODUCT_LABEL, MEMORY_LABEL, GPU_RESOURCE = "nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu"
 MEMORY_TOLERANCE = 0.1  # the catalog's usable memory is the datasheet's less what the driver keeps
@@ -49,7 +60,46 @@ def discovered(pool: GPUPoolSpec, nodes: list[dict], generation: int | None = No
                          disagreements=disagreements)
 
 
-def planner_pool(name: str, spec: GPUPoolSpec) -> Pool:
-    """The pool as the planner models it (its GPU calibrated against the measured H200 runs)."""
-    return Pool(name, calibration.for_gpu(spec.gpu), spec.gpus_per_node, spec.max_nodes, LINKS[spec.intra_node],
-                LINKS[spec.inter_node] if spec.inter_node else None, spec.price_per_gpu_hour, spec.host_memory_gib)
+def planner_pool(name: str, spec: GPUPoolSpec, measured: MeasuredLinks | None = None) -> Pool:
+    """The pool as the planner models it (its GPU calibrated against the measured H200 runs); with
+    learnLinks, each link at the bandwidth the pool's jobs measured (`status.measuredLinks`)."""
+    links = measured.model_dump(by_alias=True) if measured is not None and spec.learn_links else {}
+    return Pool(name, calibration.for_gpu(spec.gpu), spec.gpus_per_node, spec.max_nodes,
+                *links_as_planned(spec.intra_node, spec.inter_node, links), spec.price_per_gpu_hour,
+                spec.host_memory_gib)
+
+
+def links_as_planned(intra_node: str, inter_node: str | None, measured: dict) -> tuple[Link, Link | None]:
+    """A pool's declared links, each at its measured bandwidth where `measured` holds one."""
+    return (learned(LINKS[intra_node], measured.get(INTRA_NODE)),
+            inter_node and learned(LINKS[inter_node], measured.get(INTER_NODE)))
+
+
+INTRA_NODE, INTER_NODE = "intraNode", "interNode"  # the keys of measured links (MeasuredLinks' aliases)
+
+
+def measured_links_of(gpupool: dict) -> MeasuredLinks | None:
+    """A GPUPool object's measured links (None where none are, or where what is there is not ours to read:
+    a hand-edited status plans on the declared links rather than fail the job)."""
+    found = (gpupool.get("status") or {}).get("measuredLinks")
+    try:
+        return MeasuredLinks.model_validate(found) if found else None
+    except ValidationError:
+        return None
+
+
+def learnt_links(plan: JobPlan, pool_name: str, intra_node: str, inter_node: str | None, measured: dict,
+                 transfer_seconds: float, job_id: str, at: float) -> tuple[dict, str] | None:
+    """A pool's measured links with one profiler window more, and what was learnt (for the job's events);
+    None where the window teaches nothing (one GPU, no collectives predicted or measured). The link is the
+    one across nodes where the plan spans several (the slowest hop bounds the ring), else within the node;
+    the window's transfer time excludes its waiting for the slowest rank."""
+    if plan.device != "gpu" or plan.gpus < 2 or plan.predicted is None:
+        return None
+    key, name = (INTER_NODE, inter_node) if plan.nodes > 1 and inter_node else (INTRA_NODE, intra_node)
+    bus = measured_bus_bytes_per_s(LINKS[name], plan.predicted.comm_seconds, transfer_seconds)
+    if bus is None:
+        return None
+    return ({**measured, key: fold_measurement(measured.get(key), bus, job_id, at)},
+            f"pool {pool_name}: {name} measured {bus / 1e9:.3g} GB/s bus bandwidth in this window (declared "
+            f"{LINKS[name].bus_bytes_per_s / 1e9:.3g}); its next plans use the mean of its last windows")

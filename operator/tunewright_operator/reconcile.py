@@ -23,7 +23,7 @@ from tunewright_operator.planner import calibration
 from tunewright_operator.planner.jobs import dataset_tokens_of, plan_job
 from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_operator.planner.search import NoPlan
-from tunewright_operator.pools import planner_pool
+from tunewright_operator.pools import measured_links_of, planner_pool
 from tunewright_operator.spec import (
     TERMINAL_PHASES,
     FineTuneJobSpec,
@@ -32,6 +32,7 @@ from tunewright_operator.spec import (
     JobPlan,
     JobProgress,
     JobTelemetry,
+    MeasuredLinks,
 )
 from tunewright_operator.status import (
     CONDITION_OF_PHASE,
@@ -126,12 +127,12 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     plan = status.plan
     if ray_job is None:
         replan = plan is None or status.observed_generation != generation  # (re)plan until something runs
-        pool_name, pool, why_not = resolve_pool(spec, cluster, None if replan else plan.pool)
+        pool_name, pool, measured, why_not = resolve_pool(spec, cluster, None if replan else plan.pool)
         if pool is None:
             return settle(Observation("Pending", "PoolNotFound", why_not))
         if replan:
             try:
-                plan = plan_on_pool(spec, pool_name, pool, job)
+                plan = plan_on_pool(spec, pool_name, pool, job, measured)
             except (NoPlan, ValueError) as err:
                 return settle(Observation("Failed", "NoPlan", str(err)))
             settle(Observation("Planned", "Planned", plan.explanation), plan=plan)
@@ -213,22 +214,23 @@ def wants_suspend(spec: FineTuneJobSpec, ray_job: dict) -> bool:
 
 
 def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = None
-                 ) -> tuple[str | None, GPUPoolSpec | None, str]:
-    """The pool named by the spec (or the plan), else the one marked default; why not when there is none."""
+                 ) -> tuple[str | None, GPUPoolSpec | None, MeasuredLinks | None, str]:
+    """The pool named by the spec (or the plan), else the one marked default, with the links its jobs
+    measured; why not when there is none."""
     wanted = name or spec.resources.pool
     if wanted:
         found = cluster.get("GPUPool", None, wanted)
         if found is None:
-            return wanted, None, f"no GPUPool {wanted}: create it, or set resources.pool to an existing one"
-        return wanted, GPUPoolSpec.model_validate(found["spec"]), ""
+            return wanted, None, None, f"no GPUPool {wanted}: create it, or set resources.pool to an existing one"
+        return wanted, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found), ""
     defaults = [p for p in cluster.list("GPUPool") if p["spec"].get("default")]
     if len(defaults) != 1:
         names = ", ".join(sorted(p["metadata"]["name"] for p in defaults))
         why = (f"several GPUPools are marked default ({names}): set resources.pool" if defaults else
                "no GPUPool is marked default: set resources.pool, or create a pool with default: true")
-        return None, None, why
+        return None, None, None, why
     pool = defaults[0]
-    return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), ""
+    return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), measured_links_of(pool), ""
 
 
 def model_profile(source: str, annotations: dict) -> ModelProfile:
@@ -261,9 +263,10 @@ def model_profile(source: str, annotations: dict) -> ModelProfile:
         raise ValueError(f"{where}: {err if isinstance(err, ValueError) else f'lacks or mistypes {err}'}") from None
 
 
-def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: dict) -> JobPlan:
+def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: dict,
+                 measured: MeasuredLinks | None = None) -> JobPlan:
     profile = model_profile(spec.model.source, job["metadata"].get("annotations") or {})
-    described = planner_pool(pool_name, pool)
+    described = planner_pool(pool_name, pool, measured)
     dataset_bytes = job["metadata"].get("annotations", {}).get(DATASET_BYTES_ANNOTATION)
     tokens = dataset_tokens_of(int(dataset_bytes)) if dataset_bytes and dataset_bytes.isdigit() else None
     cal, _ = calibration.load()

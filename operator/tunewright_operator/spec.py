@@ -14,7 +14,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from tunewright_operator.planner.hardware import GPUS, LINKS
+from tunewright_operator.planner.hardware import GPUS, LINK_WINDOWS_KEPT, LINKS
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -322,6 +322,25 @@ class GPUPoolSpec(CamelModel):
         default=None, alias="hostMemoryGiB", description="Host memory per node (for CPU offload plans).")
     worker_image: str = Field(min_length=1, max_length=1024, description="Image of the Ray head and workers.")
     default: bool = Field(default=False, description="Jobs that name no pool run here.")
+    learn_links: bool = Field(default=False, description=(
+        "Fold the bandwidth each profiler window of a multi-GPU job on this pool measured into "
+        "status.measuredLinks (tunewright's API writes it), and plan on it instead of the declared links."))
+
+
+class MeasuredLink(CamelModel):
+    """What the profiler windows of a pool's jobs measured of one of its links: a running mean."""
+
+    bus_bytes_per_second: Annotated[float, Field(ge=0)] = Field(
+        description="Bus bandwidth the collectives got (the declared one scaled by predicted / measured time).")
+    windows: Annotated[int, Field(ge=1, le=LINK_WINDOWS_KEPT)] = Field(
+        description=f"Profiler windows in the mean (the last {LINK_WINDOWS_KEPT} at most).")
+    last_job: str = Field(max_length=253, description="The job whose window was folded in last.")
+    measured_at: Annotated[float, Field(ge=0)] = Field(description="When (Unix seconds).")
+
+
+class MeasuredLinks(CamelModel):
+    intra_node: MeasuredLink | None = Field(default=None, description="Between a node's GPUs.")
+    inter_node: MeasuredLink | None = Field(default=None, description="Between nodes.")
 
 
 class GPUPoolStatus(CamelModel):
@@ -337,3 +356,5 @@ class GPUPoolStatus(CamelModel):
                                        description="nvidia.com/gpu.memory label seen (the smallest).")
     disagreements: list[str] = Field(default_factory=list, description="Where the nodes contradict the spec.")
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    measured_links: MeasuredLinks | None = Field(default=None, description=(
+        "Links as the pool's jobs measured them (with spec.learnLinks); clear it to forget them."))

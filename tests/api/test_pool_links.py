@@ -6,7 +6,7 @@ from sqlmodel import Session
 
 from tunewright_api.db import make_engine, migrate
 from tunewright_api.models import GpuPool, Job, Tenant
-from tunewright_api.services.plans import INTER_NODE, plan_on, pool_of, profile_for
+from tunewright_api.services.plans import plan_on, pool_of, profile_for
 from tunewright_api.services.telemetry import apply
 from tunewright_api.telemetry import CommRecord
 from tunewright_operator.planner.hardware import (
@@ -16,6 +16,7 @@ from tunewright_operator.planner.hardware import (
     learned,
     measured_bus_bytes_per_s,
 )
+from tunewright_operator.pools import INTER_NODE
 from tunewright_operator.spec import FineTuneJobSpec
 
 ETH = LINKS["eth-100g"]
@@ -91,3 +92,50 @@ def test_a_window_teaches_an_opted_in_pool_its_link_and_the_next_plan_uses_it(tm
         assert pool_of(pool).intra_node == LINKS["nvlink4"]  # untouched: nothing measured within a node
         pool.learn_links = False  # opting out plans on the declared links again, what was learnt is kept
         assert pool_of(pool).inter_node == ETH and pool.measured_links
+
+
+GPUPOOL = {"apiVersion": "tunewright.dev/v1alpha1", "kind": "GPUPool", "metadata": {"name": "eth4x8"},
+           "spec": {"gpu": "H100", "gpusPerNode": 8, "maxNodes": 4, "intraNode": "nvlink4", "interNode": "eth-100g",
+                    "pricePerGPUHour": 4.0, "hostMemoryGiB": 2048, "workerImage": "w:1"}}
+
+
+@pytest.mark.parametrize("learns", [True, False])
+def test_a_gpupool_that_learns_keeps_its_links_in_its_status_and_the_next_plan_uses_them(emulated_cluster, learns):
+    """The cluster's pools: the API folds a window into the GPUPool's status.measuredLinks (its only write to
+    a GPUPool), the operator's discovery leaves them there, and plans (the API's and the operator's) use them."""
+    from tests.support.emulated import client_for
+    from tunewright_api.backends.kubernetes import KubernetesBackend
+    from tunewright_api.settings import Settings
+    from tunewright_operator.pools import discovered
+    from tunewright_operator.reconcile import resolve_pool
+    from tunewright_operator.spec import GPUPoolSpec
+
+    cluster = client_for(emulated_cluster)
+    cluster.create(GPUPOOL | {"spec": GPUPOOL["spec"] | {"learnLinks": learns}})
+    backend = KubernetesBackend(Settings(backend="kubernetes"), engine=None, cluster=cluster)
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    profile = profile_for(spec.model.source, param="model.source")
+    before = plan_on(spec=spec, profile=profile, pool=backend.pool("eth4x8"), dataset_tokens=None, spec_param=None)
+    job = Job(id="ftjob-gpupool", tenant_id="t", model="llama-70b", spec=SPEC, plan=before.model_dump(by_alias=True))
+    comm = 2 * before.predicted.comm_seconds  # all transfer: the link gave half what it declares
+    said = backend.learn_links(None, job, comm, 1e9)
+    status = cluster.get("GPUPool", None, "eth4x8").get("status") or {}
+    if not learns:
+        assert said is None and "measuredLinks" not in status
+        return
+    assert said.startswith("pool eth4x8: eth-100g measured")
+    (key,) = status["measuredLinks"]
+    assert key == INTER_NODE and status["measuredLinks"][key]["busBytesPerSecond"] == pytest.approx(ETH.bus_bytes_per_s / 2)
+    # the operator's discovery writes its own fields only
+    cluster.patch_status("GPUPool", None, "eth4x8", discovered(GPUPoolSpec.model_validate(GPUPOOL["spec"]), []).model_dump(
+        by_alias=True, mode="json", exclude_none=True))
+    found = cluster.get("GPUPool", None, "eth4x8")
+    assert found["status"]["measuredLinks"] == status["measuredLinks"] and found["status"]["nodes"] == 0
+    after = plan_on(spec=spec, profile=profile, pool=backend.pool("eth4x8"), dataset_tokens=None, spec_param=None)
+    assert "as measured over 1 profiler window" in after.explanation
+    assert after.predicted.step_seconds > before.predicted.step_seconds
+    _, _, measured, _ = resolve_pool(spec, cluster)  # what the operator plans with
+    assert measured.inter_node.windows == 1 and measured.intra_node is None
+    cluster.patch_status("GPUPool", None, "eth4x8", {"measuredLinks": None})  # forgetting them (README)
+    assert "measuredLinks" not in cluster.get("GPUPool", None, "eth4x8")["status"]
+    assert backend.pool("eth4x8").inter_node == ETH

@@ -36,3 +36,37 @@ def test_discovery_reports_what_the_nodes_are_and_each_disagreement(nodes, count
 
 def test_the_selector_is_the_pools_node_selector():
     assert selector(POOL) == "pool=h100,tier=train"
+
+
+def test_a_pool_plans_on_its_measured_links_only_where_it_learns_them():
+    from tunewright_operator.planner.hardware import LINKS
+    from tunewright_operator.pools import measured_links_of, planner_pool
+    from tunewright_operator.spec import MeasuredLinks
+
+    measured = MeasuredLinks.model_validate({"intraNode": {"busBytesPerSecond": 1e11, "windows": 3, "lastJob": "j",
+                                                           "measuredAt": 1.0}})
+    learning = POOL.model_copy(update={"learn_links": True})
+    assert planner_pool("p", learning, measured).intra_node.bus_bytes_per_s == 1e11
+    assert "as measured over 3 profiler windows" in planner_pool("p", learning, measured).intra_node.name
+    assert planner_pool("p", POOL, measured).intra_node == LINKS["nvlink4"]  # not opted in: as declared
+    assert planner_pool("p", learning, None).intra_node == LINKS["nvlink4"]
+    status = {"measuredLinks": measured.model_dump(by_alias=True, mode="json", exclude_none=True)}
+    assert measured_links_of({"status": status}) == measured
+    assert measured_links_of({}) is None
+    assert measured_links_of({"status": {"measuredLinks": {"intraNode": {"windows": "many"}}}}) is None  # hand-edited
+
+
+@pytest.mark.parametrize(("gpus", "nodes", "key"), [(1, 1, None), (8, 1, "intraNode"), (16, 2, "interNode")])
+def test_a_window_teaches_the_link_its_collectives_crossed(gpus, nodes, key):
+    from tunewright_operator.pools import learnt_links
+    from tunewright_operator.spec import JobPlan, Predicted
+
+    predicted = Predicted.model_construct(comm_seconds=0.5)
+    plan = JobPlan.model_construct(device="gpu", gpus=gpus, nodes=nodes, predicted=predicted)
+    learnt = learnt_links(plan, "p", "nvlink4", "eth-100g", {}, 1.0, "job-1", 5.0)
+    if key is None:
+        assert learnt is None
+        return
+    links, said = learnt
+    assert list(links) == [key] and links[key]["windows"] == 1 and links[key]["lastJob"] == "job-1"
+    assert said.startswith(f"pool p: {'eth-100g' if nodes > 1 else 'nvlink4'} measured")

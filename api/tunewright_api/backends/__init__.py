@@ -77,6 +77,10 @@ class Backend(Protocol):
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
         """How this job would run here; ApiError (422, naming the field) when it cannot."""
 
+    def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
+        """Fold a profiler window's measured transfer time into the pool the job was planned on, where that
+        pool learns its links; what was learnt, for the job's events (None: nothing)."""
+
     def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
                validation: StoredFile | None, telemetry_token: str) -> None:
         """Everything the run needs (its runtime config, secrets, storage), in the job's transaction; the

@@ -29,7 +29,7 @@ from sqlmodel import Session, select
 from tunewright_api.backends import AlreadyFinished, Ticker
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
-from tunewright_api.services.plans import plan_on, profile_for
+from tunewright_api.services.plans import learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL
 from tunewright_operator.k8s import KubernetesCluster, load_credentials
@@ -44,7 +44,7 @@ from tunewright_operator.manifests import (
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.jobs import dataset_tokens_of
 from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
-from tunewright_operator.pools import planner_pool
+from tunewright_operator.pools import learnt_links, measured_links_of, planner_pool
 from tunewright_operator.reconcile import (
     DATASET_BYTES_ANNOTATION,
     MODEL_SHAPE_ANNOTATION,
@@ -52,7 +52,7 @@ from tunewright_operator.reconcile import (
     AlreadyExists,
     resolve_pool,
 )
-from tunewright_operator.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan
+from tunewright_operator.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan, MeasuredLinks
 from tunewright_operator.status import CONDITION_OF_PHASE
 
 log = logging.getLogger(__name__)
@@ -153,16 +153,42 @@ class KubernetesBackend:
 
     def pool(self, name: str) -> Pool | None:
         found = self.cluster.get("GPUPool", None, name)
-        return planner_pool(name, GPUPoolSpec.model_validate(found["spec"])) if found else None
+        return (planner_pool(name, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found)) if found
+                else None)
 
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
         """What the operator will plan (the same planner, pool and dataset size), said at once."""
-        name, pool, why_not = resolve_pool(spec, self.cluster)
+        name, pool, measured, why_not = resolve_pool(spec, self.cluster)
         if pool is None:
             raise ApiError(422, why_not, "resources.pool", "unknown_pool")
         return plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"),
-                       pool=planner_pool(name, pool), dataset_tokens=dataset_tokens_of(train.bytes),
+                       pool=planner_pool(name, pool, measured), dataset_tokens=dataset_tokens_of(train.bytes),
                        spec_param=None)
+
+    def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
+        """Fold a window's measured transfer into the GPUPool the job was planned on, where it learns its
+        links: a merge patch of status.measuredLinks, which the operator's discovery leaves alone. Two
+        windows folded at once may lose one of them (a running mean of 50: a small loss, no lock taken)."""
+        plan = job.job_plan
+        if plan is None:
+            return None
+        found = self.cluster.get("GPUPool", None, plan.pool)
+        if found is None:  # a pool described to the API, not a GPUPool
+            return learn_links(session, job, transfer_seconds, at)
+        spec = GPUPoolSpec.model_validate(found["spec"])
+        if not spec.learn_links:
+            return None
+        measured = measured_links_of(found)
+        learnt = learnt_links(plan, plan.pool, spec.intra_node, spec.inter_node,
+                              measured.model_dump(by_alias=True, exclude_none=True) if measured else {},
+                              transfer_seconds, job.id, at)
+        if learnt is None:
+            return None
+        links, said = learnt
+        self.cluster.patch_status("GPUPool", None, plan.pool,
+                                  {"measuredLinks": MeasuredLinks.model_validate(links).model_dump(
+                                      by_alias=True, mode="json", exclude_none=True)})
+        return said
 
     # --- the work ------------------------------------------------------------------------------------
     def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
@@ -191,7 +217,7 @@ class KubernetesBackend:
 
     def _check_runnable(self, namespace: str, job: Job, spec: FineTuneJobSpec) -> None:
         """What the operator would refuse (storage and data it cannot mount), refused now, naming the field."""
-        _, pool, why_not = resolve_pool(spec, self.cluster)
+        _, pool, _, why_not = resolve_pool(spec, self.cluster)
         if pool is None:
             raise ApiError(422, why_not, "resources.pool", "unknown_pool")
         target = Target(namespace, job.id, job.id, job.id)

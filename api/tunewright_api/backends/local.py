@@ -27,7 +27,7 @@ from sqlmodel import Session, select
 from tunewright_api.backends import AlreadyFinished, Ticker
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
-from tunewright_api.services.plans import plan_on, profile_for
+from tunewright_api.services.plans import learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL, transition
 from tunewright_operator.jobconfig import runtime_config
@@ -133,6 +133,9 @@ class LocalBackend:
 
     def pool(self, name: str) -> Pool | None:
         return None  # this machine is planned when a job is submitted (its GPUs are found then)
+
+    def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
+        return learn_links(session, job, transfer_seconds, at)  # the described pool of the plan's name
 
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
         settings = self.settings

@@ -24,7 +24,8 @@ def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep, request: Req
     """Applies the records it accepts; says which it refused and why (the runtime logs them)."""
     job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization))
     accepted, rejected = parse_records(batch.records)
-    telemetry.ingest(session=session, job=job, records=accepted, data_dir=request.app.state.settings.data_dir)
+    telemetry.ingest(session=session, job=job, records=accepted, data_dir=request.app.state.settings.data_dir,
+                     learn=request.app.state.backend.learn_links)
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])
 
 

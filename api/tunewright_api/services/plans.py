@@ -11,16 +11,11 @@ from sqlmodel import Session, select
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, Job
 from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import (
-    LINKS,
-    Pool,
-    fold_measurement,
-    learned,
-    measured_bus_bytes_per_s,
-)
+from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.jobs import plan_job
 from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_operator.planner.search import NoPlan
+from tunewright_operator.pools import learnt_links, links_as_planned
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
 SYSTEM_FOLDERS = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/root", "/run", "/var/run", "/boot"))
@@ -72,36 +67,27 @@ def profile_for(source: str, *, param: str) -> ModelProfile:
 def pool_of(described: GpuPool) -> Pool:
     """The planner's pool; with learnLinks, each link at the bandwidth the pool's jobs measured."""
     measured = (described.measured_links or {}) if described.learn_links else {}
-    inter = LINKS[described.inter_node] if described.inter_node else None
     return Pool(described.name, calibration.for_gpu(described.gpu), described.gpus_per_node, described.max_nodes,
-                learned(LINKS[described.intra_node], measured.get(INTRA_NODE)),
-                inter and learned(inter, measured.get(INTER_NODE)), described.price_per_gpu_hour,
-                described.host_memory_gib)
-
-
-INTRA_NODE, INTER_NODE = "intraNode", "interNode"
+                *links_as_planned(described.intra_node, described.inter_node, measured),
+                described.price_per_gpu_hour, described.host_memory_gib)
 
 
 def learn_links(session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
-    """Fold a profiler window's measured transfer time into the link its plan's collectives ran on, where
-    the job's pool learns its links (opt-in); what was learnt, for the job's events. The link: across nodes
-    where the plan spans several (the slowest hop bounds the ring), else within the node."""
+    """Fold a profiler window's measured transfer time into the described pool the job was planned on,
+    where that pool learns its links (opt-in); what was learnt, for the job's events."""
     plan = job.job_plan
-    if plan is None or plan.device != "gpu" or plan.gpus < 2 or plan.predicted is None:
+    if plan is None:
         return None
     pool = session.exec(select(GpuPool).where(GpuPool.name == plan.pool).with_for_update()).first()
     if pool is None or not pool.learn_links:
         return None
-    key, name = ((INTER_NODE, pool.inter_node) if plan.nodes > 1 and pool.inter_node
-                 else (INTRA_NODE, pool.intra_node))
-    bus = measured_bus_bytes_per_s(LINKS[name], plan.predicted.comm_seconds, transfer_seconds)
-    if bus is None:
+    learnt = learnt_links(plan, pool.name, pool.intra_node, pool.inter_node, pool.measured_links or {},
+                          transfer_seconds, job.id, at)
+    if learnt is None:
         return None
-    pool.measured_links = {**(pool.measured_links or {}),
-                           key: fold_measurement((pool.measured_links or {}).get(key), bus, job.id, at)}
+    pool.measured_links, said = learnt
     session.add(pool)
-    return (f"pool {pool.name}: {name} measured {bus / 1e9:.3g} GB/s bus bandwidth in this window (declared "
-            f"{LINKS[name].bus_bytes_per_s / 1e9:.3g}); its next plans use the mean of its last windows")
+    return said
 
 
 def plan_on(*, spec: FineTuneJobSpec, profile: ModelProfile, pool: Pool, dataset_tokens: int | None,

@@ -6,6 +6,7 @@ import csv
 import hmac
 import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlmodel import Session, delete, func, select, update
@@ -73,12 +74,16 @@ def hold_unfinished(session: Session, job: Job) -> None:
     session.refresh(job)
 
 
-def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path) -> None:
+LinkLearner = Callable[[Session, Job, float, float], str | None]  # the backend's learn_links
+
+
+def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path,
+           learn: LinkLearner = learn_links) -> None:
     """Apply a batch in one transaction: progress, metric points, events, checkpoints; at the end, the
-    results file (OpenAI's `result_files`)."""
+    results file (OpenAI's `result_files`). `learn` folds a profiler window into the job's pool."""
     hold_unfinished(session, job)
     for record in records:
-        apply(session, job, record)
+        apply(session, job, record, learn)
     session.add(job)
     session.flush()
     keep_within_caps(session, job)
@@ -110,7 +115,7 @@ def keep_within_caps(session: Session, job: Job) -> None:
                                             JobEvent.id <= last))
 
 
-def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
+def apply(session: Session, job: Job, record: TelemetryRecord, learn: LinkLearner = learn_links) -> None:
     match record:
         case StartRecord():
             job.total_steps = record.total_steps
@@ -135,7 +140,7 @@ def apply(session: Session, job: Job, record: TelemetryRecord) -> None:
                                     f"({record.comm_share_exposed:.1%} exposed)", type_="metrics", data=job.comm)
             transfer = (record.transfer_seconds_per_step if record.transfer_seconds_per_step is not None
                         else record.comm_seconds_per_step)
-            if (learnt := learn_links(session, job, transfer, record.time)) is not None:
+            if (learnt := learn(session, job, transfer, record.time)) is not None:
                 add_event(session, job, learnt)
         case EvalRecord():
             add_event(session, job, f"evaluation at step {record.step}", type_="metrics",
