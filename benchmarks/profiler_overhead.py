@@ -49,7 +49,9 @@ def child(config: str) -> int:
         import gc
 
         gc.freeze = lambda: None
-    if os.environ.get("TW_PROBE_CUDA_ONLY"):
+    import torch
+
+    if os.environ.get("TW_PROBE_CUDA_ONLY") and torch.cuda.is_available():  # (the CPU smoke run: as `window`)
         import torch.profiler
 
         real = torch.profiler.profile
@@ -91,6 +93,7 @@ def run(args) -> int:
         if proc.returncode:
             print(variant, "FAILED", log[-2000:], flush=True)
             result["runs"].append({"variant": variant, "error": log[-1500:]})
+            (args.out / "profiler_overhead.json").write_text(json.dumps(result, indent=2))
             continue
         recs = records(out)
         steps = [r["step_seconds"] for r in recs if r["event"] == "step"]

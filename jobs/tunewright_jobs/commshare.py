@@ -193,6 +193,17 @@ def _trace_events(prof) -> list[TraceEvent]:
             for e in prof.profiler.kineto_results.events()]
 
 
+def first_window_step(cfg: ProfileConfig, start_step: int) -> int | None:
+    """Where a run starting at `start_step` (0, or where it resumed) opens its first window: `first_step`,
+    or for a resumed run the first step of the `every_steps` grid two steps past the resumed one (its
+    first steps recompile); None for a run resumed past a window it takes once."""
+    if start_step == 0 or cfg.first_step >= start_step + 2:
+        return cfg.first_step
+    if cfg.every_steps == 0:
+        return None
+    return cfg.first_step + math.ceil((start_step + 2 - cfg.first_step) / cfg.every_steps) * cfg.every_steps
+
+
 def next_window_step(opened: int, closed: int, cfg: ProfileConfig, cost_seconds: float | None,
                      step_seconds: float | None) -> int | None:
     """The step the next window opens at, after one that profiled steps `opened` to `closed`: `every_steps`
@@ -215,11 +226,11 @@ class CommProfiler:
     its steps take unprofiled.
     """
 
-    def __init__(self, cfg: ProfileConfig, dist, total_steps: int):
+    def __init__(self, cfg: ProfileConfig, dist, total_steps: int, start_step: int = 0):
         self.cfg, self.dist, self.total_steps = cfg, dist, total_steps
         self._prof = None
-        self._window_start = 0.0
-        self._next: int | None = cfg.first_step
+        self._window_start = self._cost_start = 0.0
+        self._next = first_window_step(cfg, start_step)
         self._last_begin: float | None = None
         self._begun = 0
         self._periods: deque[float] = deque(maxlen=20)  # seconds per unprofiled step, the latest
@@ -227,6 +238,8 @@ class CommProfiler:
     def _opens_at(self, step: int) -> bool:
         return (self.cfg.enabled and self._next is not None and step >= self._next
                 and step + self.cfg.steps <= self.total_steps)
+
+    MIN_PERIODS = 3  # unprofiled steps timed before a window's cost is said
 
     def begin(self, step: int) -> None:
         now = time.perf_counter()
@@ -242,6 +255,7 @@ class CommProfiler:
             activities.append(ProfilerActivity.CUDA)
         self._prof = profile(activities=activities)
         self._sync()
+        self._cost_start = time.perf_counter()  # starting the profiler is part of what a window costs
         self._prof.start()
         self._opened, self._window_start = step, time.perf_counter()
 
@@ -265,12 +279,12 @@ class CommProfiler:
             log.warning("communication share not measured at step %d", step + 1, exc_info=True)
             share = None
         steps = step + 1 - self._opened
-        usual = statistics.median(self._periods) if self._periods else 0.0
-        spent = time.perf_counter() - self._window_start
+        usual = statistics.median(self._periods) if len(self._periods) >= self.MIN_PERIODS else 0.0
+        cost = max(0.0, time.perf_counter() - self._cost_start - steps * usual) if usual else -1.0
         # every rank takes part in the reductions below, so that one rank's failure cannot hang the others;
-        # every rank schedules the next window from the same (slowest rank's) cost
-        failed, usual, spent = self.dist.all_reduce_max([1.0 if share is None else 0.0, usual, spent])
-        cost = max(0.0, spent - steps * usual) if usual else None
+        # every rank schedules the next window from the same figures (the costliest rank's; -1: not timed)
+        failed, cost, usual = self.dist.all_reduce_max([1.0 if share is None else 0.0, cost, usual])
+        cost = cost if cost >= 0 else None
         self._next = next_window_step(self._opened, step, self.cfg, cost, usual or None)
         if failed:
             return None

@@ -7,8 +7,8 @@
 - **document-bounded attention**: packed rows through FlashAttention's variable-length kernel over each
   document of a row, bounded by the packing's own offsets, instead of SDPA with a dense block mask (which
   also computes every cross-document block, and falls off SDPA's flash kernel); micro-batches whose rows
-  hold one document each through causal SDPA, cuDNN's kernel first (on one H200 1.4-1.5x FlashAttention-2's
-  speed on the benchmark's shapes: benchmarks/results/attention_kernels_h200.json);
+  hold one document each through causal SDPA, cuDNN's kernel first (on one H200 1.36-1.57x
+  FlashAttention-2's speed on the benchmark's shapes: benchmarks/results/attention_kernels_h200.json);
 - **regional torch.compile**: each decoder block's forward compiled (norms, RoPE, SwiGLU and residuals
   fused); FSDP2's hooks stay outside, so sharding is unchanged.
 
@@ -287,13 +287,20 @@ def document_offsets(position_ids: np.ndarray) -> np.ndarray:
     return np.append(np.flatnonzero(flat == 0), flat.size).astype(np.int32)
 
 
+# Causal SDPA over whole rows computes the padding's attention too; on one H200 cuDNN's kernel is 1.36-1.57x
+# FlashAttention-2's, so it pays while the documents' own attention work is at least this share of the rows'.
+ONE_DOCUMENT_MIN_WORK = 0.7
+
+
 def one_document_rows(position_ids: np.ndarray, real_tokens: np.ndarray) -> bool:
-    """Whether each row's real tokens are one document from the row's start (any padding after it): then
-    plain causal attention over the row is exact for every real token, which attends only to its own
-    document's earlier tokens; the padding's outputs carry no loss, so no gradient."""
-    seq_len = position_ids.shape[1]
+    """Whether each row's real tokens are one document from the row's start (any padding after it), and
+    the padding so short that attending over whole rows is the faster: then plain causal attention over the
+    row is exact for every real token, which attends only to its own document's earlier tokens; the
+    padding's outputs carry no loss, so no gradient."""
+    rows, seq_len = position_ids.shape
     real = np.arange(seq_len)[None, :] < real_tokens[:, None]
-    return not bool(((position_ids[:, 1:] == 0) & real[:, 1:]).any())
+    one_document = not bool(((position_ids != np.arange(seq_len)[None, :]) & real).any())
+    return one_document and float((real_tokens.astype(np.float64) ** 2).sum()) >= ONE_DOCUMENT_MIN_WORK * rows * seq_len**2
 
 
 def varlen_inputs(position_ids: np.ndarray, real_tokens: np.ndarray, device: torch.device) -> dict:

@@ -265,42 +265,43 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     eval_before = evaluate(0, cfg.eval.exact_match) if val_rows is not None and start_step == 0 else None
 
     timer = PhaseTimer(dist.device)
-    profiler = CommProfiler(cfg.metrics.profile, dist, steps)
+    profiler = CommProfiler(cfg.metrics.profile, dist, steps, start_step)
     gpu_activity = GpuActivitySampler(dist.device, enabled=cfg.metrics.gpu_activity)
     delay = injected_delay(dist.rank)
     window: list[StepStats] = []
     window_start, data_seconds = time.perf_counter(), 0.0
-    for step in range(start_step, steps):
-        t0 = time.perf_counter()
-        epoch, batch = batches.step_rows(step)
-        data_seconds += time.perf_counter() - t0
-        profiler.begin(step)
-        if delay:
-            time.sleep(delay)
-        window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, kernels, timer))
-        done = step + 1
-        if step == start_step:
-            # The model, the compiled blocks and everything imported are built now: out of the collector's
-            # reach, so that its full collections stop walking millions of long-lived objects (profiler-free
-            # GPT-2 runs on one H200 showed single ~0.5 s steps; benchmarks/profiler_overhead.py).
-            gc.collect()
-            gc.freeze()
-        if (comm := profiler.end(step)) is not None:
-            sink.emit(comm)
+    try:
+        for step in range(start_step, steps):
+            t0 = time.perf_counter()
+            epoch, batch = batches.step_rows(step)
+            data_seconds += time.perf_counter() - t0
+            profiler.begin(step)
+            if delay:
+                time.sleep(delay)
+            window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, kernels, timer))
+            done = step + 1
+            if step == start_step:
+                # The model, the compiled blocks and everything imported are built now: out of the collector's
+                # reach, so that its full collections stop walking millions of long-lived objects (single
+                # ~0.5 s steps of profiler-free GPT-2 runs may be those; benchmarks/profiler_overhead.py).
+                gc.collect()
+                gc.freeze()
+            if (comm := profiler.end(step)) is not None:
+                sink.emit(comm)
 
-        if done % cfg.metrics.log_every_steps == 0 or done == steps:
-            record = summarize_window(done, epoch, window, timer.collect(), data_seconds,
-                                      time.perf_counter() - window_start, dist, gpu_activity)
-            sink.emit(record)
-            train_loss = record.loss
-            window, window_start, data_seconds = [], time.perf_counter(), 0.0
-        if val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and done < steps:
-            evaluate(done, with_exact_match=False)
-        if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps:
-            save(done)
-
+            if done % cfg.metrics.log_every_steps == 0 or done == steps:
+                record = summarize_window(done, epoch, window, timer.collect(), data_seconds,
+                                          time.perf_counter() - window_start, dist, gpu_activity)
+                sink.emit(record)
+                train_loss = record.loss
+                window, window_start, data_seconds = [], time.perf_counter(), 0.0
+            if val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and done < steps:
+                evaluate(done, with_exact_match=False)
+            if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps:
+                save(done)
+    finally:
+        gc.unfreeze()  # a run that raises leaves nothing frozen (in-process callers: tests, Ray workers)
     gpu_activity.close()
-    gc.unfreeze()
     eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
     exported = ExportPaths()
     if cfg.checkpoint.final:

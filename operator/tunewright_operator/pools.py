@@ -88,15 +88,23 @@ def measured_links_of(gpupool: dict) -> MeasuredLinks | None:
         return None
 
 
+def teaches(plan: JobPlan) -> bool:
+    """Whether the profiler windows of a job so planned say anything of its pool's links."""
+    return plan.device == "gpu" and plan.gpus >= 2 and plan.predicted is not None
+
+
 def learnt_links(plan: JobPlan, pool_name: str, intra_node: str, inter_node: str | None, measured: dict,
                  transfer_seconds: float, job_id: str, at: float) -> tuple[dict, str] | None:
     """A pool's measured links with one profiler window more, and what was learnt (for the job's events);
     None where the window teaches nothing (one GPU, no collectives predicted or measured). The link is the
     one across nodes where the plan spans several (the slowest hop bounds the ring), else within the node;
     the window's transfer time excludes its waiting for the slowest rank."""
-    if plan.device != "gpu" or plan.gpus < 2 or plan.predicted is None:
+    if not teaches(plan):
         return None
     key, name = (INTER_NODE, inter_node) if plan.nodes > 1 and inter_node else (INTRA_NODE, intra_node)
+    previous = measured.get(key) or {}
+    if previous.get("lastJob") == job_id and previous.get("measuredAt") == at:
+        return None  # this window is in already (a batch of telemetry sent again)
     bus = measured_bus_bytes_per_s(LINKS[name], plan.predicted.comm_seconds, transfer_seconds)
     if bus is None:
         return None

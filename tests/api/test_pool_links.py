@@ -124,6 +124,7 @@ def test_a_gpupool_that_learns_keeps_its_links_in_its_status_and_the_next_plan_u
         assert said is None and "measuredLinks" not in status
         return
     assert said.startswith("pool eth4x8: eth-100g measured")
+    assert backend.learn_links(None, job, comm, 1e9) is None  # the same window sent again: folded once
     (key,) = status["measuredLinks"]
     assert key == INTER_NODE and status["measuredLinks"][key]["busBytesPerSecond"] == pytest.approx(ETH.bus_bytes_per_s / 2)
     # the operator's discovery writes its own fields only
@@ -139,3 +140,28 @@ def test_a_gpupool_that_learns_keeps_its_links_in_its_status_and_the_next_plan_u
     cluster.patch_status("GPUPool", None, "eth4x8", {"measuredLinks": None})  # forgetting them (README)
     assert "measuredLinks" not in cluster.get("GPUPool", None, "eth4x8")["status"]
     assert backend.pool("eth4x8").inter_node == ETH
+
+
+def test_a_gpupool_that_cannot_be_written_costs_the_window_never_the_telemetry(emulated_cluster, monkeypatch, caplog):
+    """An install whose API may not patch GPUPool status (a chart older than the learning): logged, no error."""
+    from tests.support.emulated import client_for
+    from tunewright_api.backends.kubernetes import KubernetesBackend
+    from tunewright_api.settings import Settings
+    from tunewright_operator.k8s import KubernetesError
+
+    cluster = client_for(emulated_cluster)
+    cluster.create(GPUPOOL | {"spec": GPUPOOL["spec"] | {"learnLinks": True}})
+    backend = KubernetesBackend(Settings(backend="kubernetes"), engine=None, cluster=cluster)
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    plan = plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"),
+                   pool=backend.pool("eth4x8"), dataset_tokens=None, spec_param=None)
+    job = Job(id="ftjob-denied", tenant_id="t", model="llama-70b", spec=SPEC, plan=plan.model_dump(by_alias=True))
+
+    def forbidden(*args):
+        raise KubernetesError(403, "PATCH", "/apis/tunewright.dev/v1alpha1/gpupools/eth4x8/status", "forbidden")
+    monkeypatch.setattr(cluster, "patch_status", forbidden)
+    assert backend.learn_links(None, job, plan.predicted.comm_seconds, 1e9) is None
+    assert "pool eth4x8 did not learn from job ftjob-denied" in caplog.text
+    one_gpu = job.model_copy(update={"plan": plan.model_copy(update={"gpus": 1, "nodes": 1}).model_dump(by_alias=True)})
+    monkeypatch.setattr(cluster, "get", lambda *args: pytest.fail("a one-GPU job's window asks the cluster nothing"))
+    assert backend.learn_links(None, one_gpu, 1.0, 1e9) is None

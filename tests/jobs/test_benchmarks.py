@@ -39,3 +39,18 @@ def test_the_trace_reader_finds_where_the_gpu_time_went():
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "GPU busy" in lines[1] and any(line.startswith("matmul") for line in lines)
+
+
+@pytest.mark.slow  # eight tiny runs (about a minute here)
+def test_the_profiler_overhead_probe_runs_and_reads_each_window(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profiler_overhead.py"), "run", "--smoke",
+                           "--out", str(tmp_path), "--steps", "20", "--window-at", "12"],
+                          capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin",
+                                                                            "TOKENIZERS_PARALLELISM": "false"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads((tmp_path / "profiler_overhead.json").read_text())["runs"]
+    assert [r["variant"] for r in runs] == ["off", "off-no-freeze", "window", "window-cuda-only"] * 2
+    for run in runs:
+        assert len(run["step_seconds"]) == 20 and run["after_over_before"] > 0
+        # the runtime's own figure for what its window cost, beside the one read from outside
+        assert (run["window_cost_s"] is not None) == run["variant"].startswith("window")

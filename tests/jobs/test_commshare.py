@@ -86,6 +86,22 @@ def test_windows_open_only_where_they_can_close(total, every, opened):
     assert seen == opened
 
 
+@pytest.mark.parametrize(("start", "every", "first"), [
+    (0, 100, 2),
+    (537, 100, 602),  # resumed: the grid's next step past its two recompiling steps
+    (500, 100, 502),
+    (501, 100, 602),
+    (1, 100, 102),
+    (537, 0, None),  # the once-only window lies before where it resumed
+    (0, 0, 2),
+])
+def test_a_resumed_run_opens_its_first_window_on_the_grid_past_its_first_steps(start, every, first):
+    from tunewright_jobs.commshare import first_window_step
+    from tunewright_jobs.config import ProfileConfig
+
+    assert first_window_step(ProfileConfig(first_step=2, steps=2, every_steps=every), start) == first
+
+
 @pytest.mark.parametrize(("cost", "step_seconds", "expected"), [
     (None, None, 102),  # not measured: every_steps after it opened
     (0.0, 0.08, 102),

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 from pydantic import ValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
+from urllib3.exceptions import HTTPError as TransportError
 
 from tunewright_api.backends import AlreadyFinished, Ticker
 from tunewright_api.errors import ApiError
@@ -32,7 +33,7 @@ from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
 from tunewright_api.services.plans import learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL
-from tunewright_operator.k8s import KubernetesCluster, load_credentials
+from tunewright_operator.k8s import KubernetesCluster, KubernetesError, load_credentials
 from tunewright_operator.manifests import (
     JOB_ID_ANNOTATION,
     ClusterSettings,
@@ -44,7 +45,7 @@ from tunewright_operator.manifests import (
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.jobs import dataset_tokens_of
 from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
-from tunewright_operator.pools import learnt_links, measured_links_of, planner_pool
+from tunewright_operator.pools import learnt_links, measured_links_of, planner_pool, teaches
 from tunewright_operator.reconcile import (
     DATASET_BYTES_ANNOTATION,
     MODEL_SHAPE_ANNOTATION,
@@ -170,24 +171,30 @@ class KubernetesBackend:
         links: a merge patch of status.measuredLinks, which the operator's discovery leaves alone. Two
         windows folded at once may lose one of them (a running mean of 50: a small loss, no lock taken)."""
         plan = job.job_plan
-        if plan is None:
+        if plan is None or not teaches(plan):
             return None
-        found = self.cluster.get("GPUPool", None, plan.pool)
-        if found is None:  # a pool described to the API, not a GPUPool
-            return learn_links(session, job, transfer_seconds, at)
-        spec = GPUPoolSpec.model_validate(found["spec"])
-        if not spec.learn_links:
+        try:
+            found = self.cluster.get("GPUPool", None, plan.pool)
+            if found is None:  # a pool described to the API, not a GPUPool
+                return learn_links(session, job, transfer_seconds, at)
+            spec = GPUPoolSpec.model_validate(found["spec"])
+            if not spec.learn_links:
+                return None
+            measured = measured_links_of(found)
+            learnt = learnt_links(plan, plan.pool, spec.intra_node, spec.inter_node,
+                                  measured.model_dump(by_alias=True, exclude_none=True) if measured else {},
+                                  transfer_seconds, job.id, at)
+            if learnt is None:
+                return None
+            links, said = learnt
+            self.cluster.patch_status("GPUPool", None, plan.pool,
+                                      {"measuredLinks": MeasuredLinks.model_validate(links).model_dump(
+                                          by_alias=True, mode="json", exclude_none=True)})
+        except (KubernetesError, ValidationError, OSError, TransportError) as err:
+            # what a pool learns never costs the job its telemetry (e.g. a chart older than the learning,
+            # whose RBAC cannot patch GPUPool status): said in the API's log, the batch goes on
+            log.warning("pool %s did not learn from job %s's profiler window: %s", plan.pool, job.id, err)
             return None
-        measured = measured_links_of(found)
-        learnt = learnt_links(plan, plan.pool, spec.intra_node, spec.inter_node,
-                              measured.model_dump(by_alias=True, exclude_none=True) if measured else {},
-                              transfer_seconds, job.id, at)
-        if learnt is None:
-            return None
-        links, said = learnt
-        self.cluster.patch_status("GPUPool", None, plan.pool,
-                                  {"measuredLinks": MeasuredLinks.model_validate(links).model_dump(
-                                      by_alias=True, mode="json", exclude_none=True)})
         return said
 
     # --- the work ------------------------------------------------------------------------------------
