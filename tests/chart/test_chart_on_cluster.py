@@ -43,7 +43,6 @@ ALLOWED = {
         ("", "namespaces", "get"), ("", "namespaces", "list"), ("", "namespaces", "create"),
         *(("tunewright.dev", "finetunejobs", v) for v in ("get", "list", "create", "patch", "delete")),
         ("tunewright.dev", "gpupools", "get"), ("tunewright.dev", "gpupools", "list"),
-        ("tunewright.dev", "gpupools/status", "patch"),  # status.measuredLinks of pools that learn their links
         ("ray.io", "rayjobs", "get"), ("", "pods", "list"), ("", "pods/log", "get"),
     },
 }
