@@ -254,6 +254,12 @@ def predictions(runs: list[Run], measured_json: Path | None) -> str:
     return "\n".join(lines)
 
 
+def selected(runs: list[Run], only: list[str] | None) -> list[Run]:
+    """The runs `--only` names: exact names, or NAME* for every run whose name starts with NAME."""
+    return [r for r in runs if not only or any(
+        r.name.startswith(o[:-1]) if o.endswith("*") else r.name == o for o in only)]
+
+
 def _gpus(runs: list[Run]) -> str:
     counts = sorted({run.gpus for run in runs})
     return f"{len(runs)} runs on {counts[0]}{f'-{counts[-1]}' if len(counts) > 1 else ''} GPU{'s' if counts[-1] > 1 else ''}"
@@ -268,7 +274,8 @@ def main() -> int:
                         help="the runs: " + "; ".join(f"{name} ({_gpus(runs)})" for name, runs in MATRICES.items())
                         + " (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--only", nargs="*", help="run names (or prefixes) to run, of the matrix")
+    parser.add_argument("--only", nargs="*", help="run names to run, of the matrix (NAME* for every run whose name "
+                                                  "starts with NAME)")
     parser.add_argument("--predict", action="store_true",
                         help="no runs: the planner's predictions for the matrix (beside --out's measured JSON, if any)")
     args = parser.parse_args()
@@ -278,7 +285,7 @@ def main() -> int:
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in MATRICES[args.matrix] if not args.only or any(r.name.startswith(o) for o in args.only)]
+    runs = selected(MATRICES[args.matrix], args.only)
     if args.smoke:
         runs = [run._replace(micro_batch=2) for run in runs]
     longest = 128 if args.smoke else max(run.seq_len for run in runs)

@@ -159,30 +159,36 @@ def _chunk_loss_and_logit_grad(logits: torch.Tensor, labels: torch.Tensor, vocab
                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy of one chunk and d(loss)/d(logits), in fp32 arithmetic, the gradient in the
     logits' dtype. Rows labelled IGNORE_INDEX count for nothing; columns from `vocab` on are padding (no
-    token: they get no probability and no gradient)."""
+    token: they get no probability and no gradient).
+
+    The gradient, softmax - one-hot, is one elementwise expression of the logits and their log-sum-exp (no
+    in-place scatter), so compiled it is one reduction and one pass that writes it, never an fp32 copy of
+    the chunk (with the scatter it was three passes and two fp32 copies: 13 of GPT-2's 67 ms a step on one
+    H200)."""
     dtype, logits = logits.dtype, logits.float()
+    column = torch.arange(logits.shape[-1], device=logits.device)
     if logits.shape[-1] > vocab:
-        column = torch.arange(logits.shape[-1], device=logits.device)
         logits = torch.where(column < vocab, logits, float("-inf"))
     valid = labels != IGNORE_INDEX
     target = torch.where(valid, labels, 0)
     lse = torch.logsumexp(logits, dim=-1)
     loss = ((lse - logits.gather(-1, target[:, None]).squeeze(-1)) * valid).sum()
-    grad = torch.exp(logits - lse[:, None])
-    grad.scatter_add_(-1, target[:, None], -torch.ones_like(grad[:, :1]))
-    return loss, (grad * valid[:, None]).to(dtype)
+    one_hot = (column[None, :] == target[:, None]).to(logits.dtype)
+    grad = (torch.exp(logits - lse[:, None]) - one_hot) * valid[:, None]
+    return loss, grad.to(dtype)
 
 
 _compiled_chunk = None
 
 
 def _chunk_fn(device: torch.device):
-    """The chunk arithmetic, compiled into a few fused kernels on CUDA (eager on the CPU)."""
+    """The chunk arithmetic, compiled into two fused kernels on CUDA (eager on the CPU). Static shapes: a run's
+    chunks come in two sizes at most (whole chunks and the micro-batch's remainder), each compiled once."""
     global _compiled_chunk
     if device.type != "cuda":
         return _chunk_loss_and_logit_grad
     if _compiled_chunk is None:
-        _compiled_chunk = torch.compile(_chunk_loss_and_logit_grad, dynamic=True)
+        _compiled_chunk = torch.compile(_chunk_loss_and_logit_grad, dynamic=False)
     return _compiled_chunk
 
 
@@ -303,8 +309,18 @@ def one_document_rows(position_ids: np.ndarray, real_tokens: np.ndarray) -> bool
     return one_document and float((real_tokens.astype(np.float64) ** 2).sum()) >= ONE_DOCUMENT_MIN_WORK * rows * seq_len**2
 
 
+def copy_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` without waiting for it: to a GPU through pinned memory, so that the copy is
+    queued behind the previous step's kernels instead of waiting for them (from pageable memory it waits,
+    and the host could never run ahead into the next step)."""
+    tensor = torch.as_tensor(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def varlen_inputs(position_ids: np.ndarray, real_tokens: np.ndarray, device: torch.device) -> dict:
-    offsets = torch.as_tensor(document_offsets(position_ids)).to(device, non_blocking=True)
+    offsets = copy_to_device(document_offsets(position_ids), device)
     # The longest a document can be (not the batch's longest): one value, so compiled code never re-specializes.
     longest = int(position_ids.shape[1])
     return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest,

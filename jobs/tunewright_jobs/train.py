@@ -37,7 +37,15 @@ from tunewright_jobs.data import (
 from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
 from tunewright_jobs.gpu_activity import GpuActivitySampler, pack, unpack_sum
-from tunewright_jobs.kernels import VARLEN, Kernels, compile_blocks, for_evaluation, loss_sum, varlen_inputs
+from tunewright_jobs.kernels import (
+    VARLEN,
+    Kernels,
+    compile_blocks,
+    copy_to_device,
+    for_evaluation,
+    loss_sum,
+    varlen_inputs,
+)
 from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts, transformer_blocks
@@ -113,8 +121,7 @@ def build_scheduler(cfg: JobConfig, optimizer, steps: int):
 def to_device(batch: Rows, device: torch.device, kernels: Kernels) -> dict[str, torch.Tensor]:
     """A micro-batch's tensors on the device, with the packing's document offsets for varlen attention (and
     whether its rows hold one document each)."""
-    tensors = {name: torch.as_tensor(getattr(batch, name)).to(device, non_blocking=True)
-               for name in ("input_ids", "labels", "position_ids")}
+    tensors = {name: copy_to_device(getattr(batch, name), device) for name in ("input_ids", "labels", "position_ids")}
     return tensors | (varlen_inputs(batch.position_ids, batch.real_tokens, device) if kernels.attention == VARLEN
                       else {})
 

@@ -43,7 +43,7 @@ ALLOWED = {
         ("", "namespaces", "get"), ("", "namespaces", "list"), ("", "namespaces", "create"),
         *(("tunewright.dev", "finetunejobs", v) for v in ("get", "list", "create", "patch", "delete")),
         ("tunewright.dev", "gpupools", "get"), ("tunewright.dev", "gpupools", "list"),
-        ("ray.io", "rayjobs", "get"), ("", "pods", "list"), ("", "pods/log", "get"),
+        ("tunewright.dev", "gpupools/status", "patch"), ("ray.io", "rayjobs", "get"), ("", "pods", "list"), ("", "pods/log", "get"),
     },
 }
 
@@ -208,3 +208,26 @@ def run_jobs(api: Server, admin, server: FakeApiServer, operator: Operator, admi
              operator=operator)
     assert len(admin.list("RayJob", "tw-team-a")) == 1 and len(admin.list("Secret", "tw-team-a")) == 1
     assert httpx.get(f"{api.url}/readyz").status_code == 200
+
+    # a multi-GPU job's profiler window, sent with the job's own token, teaches its pool (h100 learns its links)
+    learner = alice.post("/v1/jobs", json=spec | {"resources": {"pool": "h100", "strategy": "ddp"}}).json()
+    wait_for(lambda: len(admin.list("RayJob", "tw-team-a")) == 2, what="the DDP job's RayJob", operator=operator)
+    (name,) = {r["metadata"]["name"] for r in admin.list("RayJob", "tw-team-a")} - {rayjob["metadata"]["name"]}
+    admin.patch_status("RayJob", "tw-team-a", name, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
+                                                     "startTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    wait_for(lambda: alice.get(f"/v1/jobs/{learner['id']}").json()["status"] == "running", what="the DDP job running",
+             operator=operator)
+    plan = alice.get(f"/v1/jobs/{learner['id']}").json()["plan"]
+    assert plan["gpus"] >= 2 and plan["predicted"]["commSeconds"] > 0, plan
+    secret = admin.get("Secret", "tw-team-a", f"{name}-telemetry")
+    job_token = (secret.get("stringData") or {}).get("token") or base64.b64decode(secret["data"]["token"]).decode()
+    comm = 2 * plan["predicted"]["commSeconds"]  # the link gave half what the pool declares
+    window = {"event": "comm", "step": 10, "time": datetime.now(UTC).timestamp(), "profiled_steps": 3,
+              "profiled_step_seconds": 1.0, "comm_share": 0.2, "comm_share_exposed": 0.1, "comm_seconds_per_step": comm,
+              "exposed_comm_seconds_per_step": 0.1, "comm_share_max_rank": 0.2, "comm_share_exposed_max_rank": 0.1,
+              "wait_seconds_per_step": 0.0, "transfer_seconds_per_step": comm}
+    sent = httpx.post(f"{api.url}/v1/internal/jobs/{learner['id']}/telemetry", json={"records": [window]},
+                      headers={"Authorization": f"Bearer {job_token}"})
+    assert sent.status_code == 200 and sent.json()["accepted"] == 1, sent.text
+    measured = (admin.get("GPUPool", None, "h100").get("status") or {}).get("measuredLinks") or {}
+    assert [link["windows"] for link in measured.values()] == [1], measured

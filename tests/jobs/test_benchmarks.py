@@ -54,3 +54,13 @@ def test_the_profiler_overhead_probe_runs_and_reads_each_window(tmp_path):
         assert len(run["step_seconds"]) == 20 and run["after_over_before"] > 0
         # the runtime's own figure for what its window cost, beside the one read from outside
         assert (run["window_cost_s"] is not None) == run["variant"].startswith("window")
+
+
+def test_only_names_runs_exactly_or_by_prefix():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_runs import MATRICES, selected
+
+    runs = MATRICES["calibration"]
+    assert [r.name for r in selected(runs, ["llama-1b-full-single-1gpu-mb8"])] == ["llama-1b-full-single-1gpu-mb8"]
+    assert {r.name for r in selected(runs, ["gpt2-124m*"])} == {r.name for r in runs if r.model == "gpt2-124m"}
+    assert selected(runs, None) == runs and selected(runs, ["no-such-run"]) == []

@@ -11,6 +11,7 @@ from tunewright_jobs.config import JobConfig
 from tunewright_jobs.data import IGNORE_INDEX
 from tunewright_jobs.kernels import (
     VARLEN,
+    copy_to_device,
     document_offsets,
     fused_linear_cross_entropy,
     one_document_rows,
@@ -244,3 +245,20 @@ def test_frozen_weights_leave_fsdp_only_where_nothing_needs_them_there():
     assert one_gpu_shards(model, shard_size=1, offload=False, dtype=torch.float32) == {}
     assert one_gpu_shards(model, shard_size=2, offload=False, dtype=torch.bfloat16) == {}
     assert one_gpu_shards(model, shard_size=1, offload=True, dtype=torch.bfloat16) == {}
+
+
+@pytest.mark.parametrize(("shard_size", "offload", "kept"), [
+    (1, False, True),  # single, DDP: the whole model is the shard
+    (1, True, False),  # offloaded: the copy comes from the host, held only while computed
+    (2, False, False),  # FSDP, HSDP: freeing the gathered copy is what sharding saves
+])
+def test_blocks_stay_gathered_from_forward_to_backward_only_on_one_gpu_shards(shard_size, offload, kept):
+    from tunewright_jobs.parallel import keeps_blocks_gathered
+
+    assert keeps_blocks_gathered(shard_size=shard_size, offload=offload) is kept
+
+
+def test_host_arrays_reach_the_device_equal():
+    array = np.arange(12, dtype=np.int64).reshape(3, 4)
+    tensor = copy_to_device(array, torch.device("cpu"))
+    assert tensor.dtype == torch.int64 and tensor.tolist() == array.tolist()

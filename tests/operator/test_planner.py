@@ -10,6 +10,7 @@ from tunewright_operator.planner import calibration, calibration_fit
 from tunewright_operator.planner.estimate import (
     END_OF_BACKWARD,
     GRADIENTS,
+    LOSS_GRADIENTS,
     ROOT_GRADIENTS,
     START_OF_BACKWARD,
     Layout,
@@ -209,6 +210,32 @@ def test_the_embeddings_and_head_are_gathered_where_fsdp_holds_them(method, layo
     model = CATALOG["meta-llama/Llama-3.1-8B"]
     states = gpu_state_bytes(Workload(model, method, 2048, 16, 1), layout)
     assert states.get("embeddings and head, gathered (bf16)") == (2 * model.params_outside_blocks if gathered else None)
+
+
+@pytest.mark.parametrize(("layout", "held"), [
+    (Layout("single", 1, 1, 8, 1, False), 32),  # jobs' wrap_model keeps every block's copy on one-GPU shards
+    (Layout("ddp", 2, 1, 8, 1, False), 32),
+    (Layout("fsdp", 2, 1, 8, 1, False, 2), 2),  # sharded: the block computed and the one prefetched
+    (Layout("single", 1, 1, 8, 1, False, cpu_offload=True), 2),  # offloaded: copied in per block
+])
+def test_block_copies_held_follow_the_runtimes_resharding(layout, held):
+    model = CATALOG["meta-llama/Llama-3.1-8B"]
+    states = gpu_state_bytes(Workload(model, "full", 2048, 16, 1), layout)
+    block = model.layer_linear_params
+    assert states["unsharded blocks"] == held * 2 * block + 4 * block
+
+
+@pytest.mark.parametrize(("method", "head"), [("full", True), ("lora", False)])
+def test_the_fused_loss_holds_its_hidden_state_gradient_and_the_heads(method, head):
+    """jobs' fused head and loss computes d(loss)/d(hidden) and, in full fine-tuning, the head's gradient in
+    forward; both are alive at the start of backward, beside one chunk's logits or the head gradient's
+    scaled copy, whichever is larger."""
+    model = CATALOG["meta-llama/Llama-3.2-1B"]
+    w, layout = Workload(model, method, 2048, 16, 1), Layout("single", 1, 1, 8, 1, False)
+    terms = activation_bytes(w, layout, CAL)
+    head_bytes = 2 * model.vocab * model.hidden
+    assert terms[LOSS_GRADIENTS] == 2 * 8 * 2048 * model.hidden + (head_bytes if head else 0)
+    assert terms["logits and loss"] >= (head_bytes if head else 0)
 
 
 @pytest.mark.parametrize(("model", "seq_len", "layout", "moment"), [
@@ -483,7 +510,7 @@ def test_sharding_and_checkpointing_trade_memory_for_time():
     recompute = estimate(w, Layout("fsdp", 8, 1, 2, 4, True, 8), p, CAL)
     assert recompute.peak_memory_bytes < eight.peak_memory_bytes / 2
     assert recompute.step_seconds > eight.step_seconds * 1.2
-    assert two.peak_memory_bytes / GIB > 100
+    assert two.peak_memory_bytes / GIB > 80  # 8B full over two GPUs at 8K tokens a micro-batch: no H100 holds it
 
 
 def test_qlora_memory_follows_the_paper_and_is_refused_until_the_runtime_has_it():

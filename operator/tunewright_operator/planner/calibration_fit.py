@@ -31,6 +31,7 @@ from tunewright_operator.planner.estimate import (
     estimate,
     gpu_state_bytes,
     lora_modules,
+    loss_gradient_bytes,
     loss_tokens,
     matmul_flops,
     recompute_factor,
@@ -149,7 +150,7 @@ def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
         w, lay, p = m.workload, m.layout, m.workload.model
         tokens = lay.micro_batch * w.seq_len
         layers = 1 if lay.activation_checkpointing else p.layers
-        known = sum(gpu_state_bytes(w, lay).values()) + tokens * layers * (
+        known = sum(gpu_state_bytes(w, lay).values()) + loss_gradient_bytes(w, lay) + tokens * layers * (
             base.act_bytes_per_ffn * p.ffn if p.gated_mlp else 0)
         if lay.activation_checkpointing:
             known += tokens * p.layers * BF16 * p.hidden

@@ -86,8 +86,10 @@ START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
 GRADIENTS = "gradients (fp32)"
 ROOT_GATHERED = "embeddings and head, gathered (bf16)"
 ROOT_GRADIENTS = "embedding and head gradients, reducing (bf16 + fp32 copy)"
+LOSS_GRADIENTS = "loss's head and hidden-state gradients (bf16)"
 # the terms at each moment that are not states kept through the step
-TRANSIENT_TERMS = {START_OF_BACKWARD: ("activations", "logits and loss"), END_OF_BACKWARD: (GRADIENTS, ROOT_GRADIENTS)}
+TRANSIENT_TERMS = {START_OF_BACKWARD: ("activations", "logits and loss", LOSS_GRADIENTS),
+                   END_OF_BACKWARD: (GRADIENTS, ROOT_GRADIENTS)}
 
 
 @dataclass(frozen=True)
@@ -165,11 +167,13 @@ def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     computed, gathered in bf16 (current and prefetched; with shards of one GPU too, FSDP2 computes on a bf16
     copy); and the root unit (embeddings, head, final norm: jobs' parallel.wrap_model shards the blocks, then
     the rest as one unit), gathered in bf16 at the start of forward and kept so until backward ends (FSDP2
-    does not reshard its root after forward)."""
+    does not reshard its root after forward). On shards of one GPU (not offloaded) every block's copy is
+    kept from its forward to its backward (jobs' parallel.wrap_model: nothing to free there but a copy)."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
-        out["unsharded blocks"] = 2 * BF16 * block + (FP32 * block if w.method == "full" else 0)
+        held = w.model.layers if layout.shard_group == 1 and not layout.cpu_offload else 2
+        out["unsharded blocks"] = held * BF16 * block + (FP32 * block if w.method == "full" else 0)
         out[ROOT_GATHERED] = BF16 * w.model.params_outside_blocks
     return out
 
@@ -199,7 +203,21 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
         layers = tokens * m.layers * BF16 * m.hidden + per_layer
     else:
         layers = m.layers * per_layer
-    return {"activations": layers, "logits and loss": loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab}
+    # Backward scales the head's gradient into a second copy once the last chunk's logits are gone: the
+    # larger of the two is alive beside the activations.
+    logits = max(loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab, head_gradient_bytes(w))
+    return {"activations": layers, "logits and loss": logits, LOSS_GRADIENTS: loss_gradient_bytes(w, layout)}
+
+
+def head_gradient_bytes(w: Workload) -> float:
+    """The output head's gradient, which jobs' fused head and loss computes in forward (full fine-tuning)."""
+    return BF16 * w.model.vocab * w.model.hidden if w.method == "full" else 0.0
+
+
+def loss_gradient_bytes(w: Workload, layout: Layout) -> float:
+    """What jobs' fused output head and loss computes in forward and holds for backward: d(loss)/d(hidden) of
+    the micro-batch and the head's gradient."""
+    return BF16 * layout.micro_batch * w.seq_len * w.model.hidden + head_gradient_bytes(w)
 
 
 # jobs' kernels.FUSED_LOSS_CHUNK_ELEMENTS (a contract test holds them equal): the runtime's fused output

@@ -26,11 +26,12 @@ USABLE_MEMORY = 0.9  # allocator fragmentation, CUDA context, NCCL buffers: meas
 # The allocator's peak varies from run to run: Llama-1B full at micro-batch 8 on one H200 read 68.6 GiB in one
 # calibration run and 71.0 GiB in a later run of the same shapes on other data (+3.5%). The tests hold the
 # calibrated model to under-predict no committed run by more than MEMORY_UNDER_PREDICTION_BOUND (the runtime of
-# issue 12, fitted on 9 runs: -5.6% at worst, GPT-2 full with checkpointing), so a run can peak up to
-# (1 + 3.5%) / (1 - 6%) = 1.10 x its prediction: a layout fits when its predicted peak with this margin is
-# within the usable memory.
+# issue 12, fitted on 10 runs of GPT-2 and Llama-1B: -7.0% at worst, Qwen-0.5B LoRA with checkpointing, held
+# out; -6.2% Llama-3B LoRA, a shape whose share of per-hidden activations no fitted run has), so a run can
+# peak up to (1 + 3.5%) / (1 - 7.5%) = 1.12 x its prediction: a layout fits when its predicted peak with
+# this margin is within the usable memory.
 RUN_TO_RUN_MEMORY_VARIATION = 0.035
-MEMORY_UNDER_PREDICTION_BOUND = 0.06
+MEMORY_UNDER_PREDICTION_BOUND = 0.075
 MEMORY_MARGIN = (1 + RUN_TO_RUN_MEMORY_VARIATION) / (1 - MEMORY_UNDER_PREDICTION_BOUND) - 1
 USABLE_HOST_MEMORY = 0.8  # the rest is the OS, the dataloader, the Ray worker processes and page cache
 COMM_BOUND = 0.5  # exposed communication share above which a layout is called communication-bound
