@@ -163,8 +163,8 @@ def _chunk_loss_and_logit_grad(logits: torch.Tensor, labels: torch.Tensor, vocab
 
     The gradient, softmax - one-hot, is one elementwise expression of the logits and their log-sum-exp (no
     in-place scatter), so compiled it is one reduction and one pass that writes it, never an fp32 copy of
-    the chunk (with the scatter it was three passes and two fp32 copies: 13 of GPT-2's 67 ms a step on one
-    H200)."""
+    the chunk (with the scatter it was three passes and two fp32 copies; benchmarks/fused_loss_kernels.py:
+    GPT-2's head and loss 20.7 -> 15.4 ms on one H200)."""
     dtype, logits = logits.dtype, logits.float()
     column = torch.arange(logits.shape[-1], device=logits.device)
     if logits.shape[-1] > vocab:

@@ -98,12 +98,14 @@ def mesh_shape(cfg: JobConfig, world_size: int) -> tuple[int, ...]:
     return (world_size,)  # single (a world of one) and fsdp
 
 
-def keeps_blocks_gathered(shard_size: int, offload: bool) -> bool:
+def keeps_blocks_gathered(shard_size: int, offload: bool, frozen_in_fsdp: bool) -> bool:
     """Whether each block's compute copy is kept from its forward to its backward. A shard of one GPU is the
     whole model: freeing a block's bf16 copy after its forward saves no transfer, only memory, and costs a
     second cast and copy (with FSDP2's host-side hooks) for its backward. The planner counts every block's
-    copy held on such layouts. Sharded or offloaded, the copy is freed (it is what sharding saves)."""
-    return shard_size == 1 and not offload
+    copy held on such layouts. Sharded or offloaded, the copy is freed (it is what sharding saves); so it is
+    where FSDP holds a frozen base to cast (a LoRA base not in the compute dtype), whose copy the planner
+    does not count."""
+    return shard_size == 1 and not offload and not frozen_in_fsdp
 
 
 def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
@@ -118,10 +120,13 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
     mesh = init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
     dtype = compute_dtype(cfg, dist.device)
     offload = cfg.strategy.cpu_offload
+    outside = one_gpu_shards(model, shard_size=shape[-1], offload=offload, dtype=dtype)
+    frozen_in_fsdp = any(not p.requires_grad and p not in outside.get("ignored_params", ()) for p in model.parameters())
     options = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
-               "reshard_after_forward": not keeps_blocks_gathered(shard_size=shape[-1], offload=offload),
-               **one_gpu_shards(model, shard_size=shape[-1], offload=offload, dtype=dtype)}
+               "reshard_after_forward": not keeps_blocks_gathered(shard_size=shape[-1], offload=offload,
+                                                                  frozen_in_fsdp=frozen_in_fsdp),
+               **outside}
     for block in transformer_blocks(model):
         fully_shard(block, **options)
     fully_shard(model, **options)

@@ -16,6 +16,7 @@ from tunewright_jobs.data import (
     Example,
     TokenizedDataset,
     build_rows,
+    eval_rows,
     micro_batches,
     pack_best_fit_decreasing,
     read_jsonl,
@@ -125,6 +126,16 @@ def test_packing_chat_lengths_leaves_under_one_percent_padding():
     again = pack_best_fit_decreasing([lengths[i] for i in order], 2048)
     assert len(again) == len(bins)
     assert {frozenset(order[i] for i in b) for b in again} != {frozenset(b) for b in bins}
+
+
+def test_packed_validation_rows_start_with_the_files_first_examples():
+    """Packing longest first, then rows in the order of their first example: an evaluation capped at one
+    batch scores the file's head, not its longest examples."""
+    lengths = [3, 9, 2, 8, 4, 7]  # tokens; rows of 10: {1}, {3, 2}, {5, 0}, {4}
+    data = TokenizedDataset([Example([100 + i] * n, [True] * n) for i, n in enumerate(lengths)], 0, 0)
+    rows = eval_rows(data, seq_len=10, pad_id=0, packing=True)
+    held = [sorted({int(t) - 100 for t in row if t}) for row in rows.input_ids]
+    assert held == [[0, 5], [1], [2, 3], [4]]
 
 
 def test_packed_rows_keep_examples_apart():

@@ -247,15 +247,17 @@ def test_frozen_weights_leave_fsdp_only_where_nothing_needs_them_there():
     assert one_gpu_shards(model, shard_size=1, offload=True, dtype=torch.bfloat16) == {}
 
 
-@pytest.mark.parametrize(("shard_size", "offload", "kept"), [
-    (1, False, True),  # single, DDP: the whole model is the shard
-    (1, True, False),  # offloaded: the copy comes from the host, held only while computed
-    (2, False, False),  # FSDP, HSDP: freeing the gathered copy is what sharding saves
+@pytest.mark.parametrize(("shard_size", "offload", "frozen_in_fsdp", "kept"), [
+    (1, False, False, True),  # single, DDP: the whole model is the shard (full, or a LoRA base outside FSDP)
+    (1, False, True, False),  # a LoRA base FSDP casts (not in the compute dtype): its copies are not counted
+    (1, True, False, False),  # offloaded: the copy comes from the host, held only while computed
+    (2, False, False, False),  # FSDP, HSDP: freeing the gathered copy is what sharding saves
 ])
-def test_blocks_stay_gathered_from_forward_to_backward_only_on_one_gpu_shards(shard_size, offload, kept):
+def test_blocks_stay_gathered_from_forward_to_backward_only_on_one_gpu_shards(shard_size, offload, frozen_in_fsdp,
+                                                                              kept):
     from tunewright_jobs.parallel import keeps_blocks_gathered
 
-    assert keeps_blocks_gathered(shard_size=shard_size, offload=offload) is kept
+    assert keeps_blocks_gathered(shard_size=shard_size, offload=offload, frozen_in_fsdp=frozen_in_fsdp) is kept
 
 
 def test_host_arrays_reach_the_device_equal():
