@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
@@ -142,6 +144,23 @@ def failure_line(err: BaseException, source: str) -> str:
     return f"{type(err).__name__}: {lines[0][:500] if lines else 'no message'}"
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """Under torchrun each worker runs in a session of its own, which a SIGKILL of the launcher's process
+    group (the local backend's last resort when a run ignores SIGTERM, or anyone's) never reaches: ask the
+    kernel to kill this worker when its launcher dies, instead of leaving it training for nobody. Linux
+    only; a launcher that died before the request took is caught by the parent having changed."""
+    if not sys.platform.startswith("linux"):
+        return
+    launcher = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not granted (a seccomp profile, say): the run behaves as before
+    if os.getppid() != launcher:
+        os._exit(1)
+
+
 def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -155,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Ray: worker-group restarts from the newest checkpoint before giving up")
     args = parser.parse_args(argv)
     _configure_logging()
+    if args.no_ray and "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_launcher()
     try:
         cfg = JobConfig.load(args.config)
     except (ConfigError, OSError) as err:

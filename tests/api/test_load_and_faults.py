@@ -107,6 +107,11 @@ def test_a_killed_training_process_fails_its_job_with_the_reason_and_takes_no_la
         assert failed["error"]["message"] == "the run exited with code -9"  # one line; the log tail is an event
         tail = alice.get(f"/v1/jobs/{failed['id']}/events").json()["data"][0]["message"]
         assert tail.startswith("the run exited with code -9. Last log lines:")
+        # torchrun's workers run in sessions of their own, out of the killed group's reach: they die with it
+        deadline = time.monotonic() + 30
+        while (left := training_processes(api.settings.data_dir)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert left == [], f"training processes outlived their launcher: {left}"
         token = (run_dir / "telemetry.token").read_text().strip()
         late = httpx.post(f"{api.url}/v1/internal/jobs/{job['id']}/telemetry", headers={
             "Authorization": f"Bearer {token}"}, json={"records": []})
