@@ -87,17 +87,34 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_optimizer(cfg: JobConfig, model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(cfg: JobConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
     groups = [{"params": decay, "weight_decay": cfg.hyperparameters.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    # Offloaded parameters live on the host, where only the foreach implementation runs.
-    fused = device.type == "cuda" and not cfg.strategy.cpu_offload
+    # One fused kernel per parameter group, which also clips (`clip_gradients`). Offloaded parameters (on the
+    # host while the job's device is a GPU) take the foreach implementation.
+    fused = not cfg.strategy.cpu_offload
     return torch.optim.AdamW(groups, lr=cfg.hyperparameters.learning_rate, betas=(0.9, 0.999),
                              fused=fused, foreach=not fused)
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                   max_norm: float | None) -> torch.Tensor:
+    """The gradients' total norm (before clipping), and their clipping to `max_norm`. The fused optimizer
+    divides each gradient by its `grad_scale` as it reads it (as it does for `GradScaler`), which saves
+    clip_grad_norm_'s own multiply: a read of every gradient and its launches."""
+    if not optimizer.defaults["fused"]:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if hasattr(norm, "full_tensor"):  # a DTensor under FSDP: the norm over every shard
+        norm = norm.full_tensor()
+    # clip_grad_norm_'s factor, min(1, max_norm / (norm + 1e-6)), as the divisor the optimizer applies
+    optimizer.grad_scale = None if max_norm is None else torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+    return norm
 
 
 def lr_multiplier(schedule: str, step: int, warmup: int, total: int) -> float:
@@ -151,10 +168,7 @@ def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: D
         total += loss.detach()
     timer.mark("forward_backward")
     params = [p for p in model.parameters() if p.requires_grad]
-    max_norm = cfg.hyperparameters.max_grad_norm
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = clip_gradients(optimizer, params, cfg.hyperparameters.max_grad_norm)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
@@ -228,7 +242,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
         compile_blocks(blocks)
     seed_everything(hp.seed + 1 + dist.rank)
     model.train()
-    optimizer = build_optimizer(cfg, model, dist.device)
+    optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer, steps)
 
     start_step = 0
@@ -276,7 +290,8 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     gpu_activity = GpuActivitySampler(dist.device, enabled=cfg.metrics.gpu_activity)
     delay = injected_delay(dist.rank)
     window: list[StepStats] = []
-    window_start, data_seconds = time.perf_counter(), 0.0
+    # a window's wall time leaves out the evaluations and checkpoints within it (`paused`): they are no step's
+    window_start, data_seconds, paused = time.perf_counter(), 0.0, 0.0
     try:
         for step in range(start_step, steps):
             t0 = time.perf_counter()
@@ -298,14 +313,20 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
 
             if done % cfg.metrics.log_every_steps == 0 or done == steps:
                 record = summarize_window(done, epoch, window, timer.collect(), data_seconds,
-                                          time.perf_counter() - window_start, dist, gpu_activity)
+                                          time.perf_counter() - window_start - paused, dist, gpu_activity)
                 sink.emit(record)
                 train_loss = record.loss
-                window, window_start, data_seconds = [], time.perf_counter(), 0.0
-            if val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0 and done < steps:
-                evaluate(done, with_exact_match=False)
-            if cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps:
-                save(done)
+                window, window_start, data_seconds, paused = [], time.perf_counter(), 0.0, 0.0
+            evaluating = (val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0
+                          and done < steps)
+            saving = cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps
+            if evaluating or saving:
+                started = time.perf_counter()
+                if evaluating:
+                    evaluate(done, with_exact_match=False)
+                if saving:
+                    save(done)
+                paused += time.perf_counter() - started
     finally:
         gc.unfreeze()  # a run that raises leaves nothing frozen (in-process callers: tests, Ray workers)
     gpu_activity.close()

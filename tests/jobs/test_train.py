@@ -166,3 +166,58 @@ def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
     assert result["strategy"] == "fsdp"
     assert metrics(sharded)[0].loss == pytest.approx(metrics(single)[0].loss, rel=1e-6)
     assert metrics(sharded)[0].grad_norm == pytest.approx(metrics(single)[0].grad_norm, rel=1e-5)
+    # past updates of sharded parameters (DTensors) clipped inside the fused optimizer
+    assert metrics(sharded)[-1].loss == pytest.approx(metrics(single)[-1].loss, rel=1e-5)
+    assert metrics(sharded)[-1].grad_norm == pytest.approx(metrics(single)[-1].grad_norm, rel=1e-4)
+
+
+def test_a_records_time_is_its_steps_time(tiny_models, tmp_path, monkeypatch):
+    """Records of several steps with evaluations and a checkpoint inside them: each record's step time holds
+    its steps' measured phases and data wait (none of its time is lost) and none of the evaluations' time."""
+    from tunewright_jobs import train as train_module
+
+    pause = 1.0
+    evaluate = train_module.validation_metrics
+
+    def slow_evaluation(*args, **kwargs):
+        time.sleep(pause)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "validation_metrics", slow_evaluation)
+    cfg = make_config(tiny_models["gpt2"], tmp_path, hyperparameters={"max_steps": 8},
+                      metrics={"log_every_steps": 4}, eval={"every_steps": 3}, checkpoint={"every_steps": 5})
+    train_without_ray(cfg)
+    records = metrics(cfg)
+    assert [r.step for r in records] == [4, 8]
+    for r in records:
+        assert r.step_seconds >= r.forward_backward_seconds + r.optimizer_seconds + r.data_seconds, r
+        assert r.step_seconds < pause / 4, r  # an evaluation counted in would add pause / 4 a step
+
+
+@pytest.mark.parametrize("max_norm", [0.01, 1e6, None])
+def test_clipping_inside_the_fused_optimizer_equals_clip_grad_norm(max_norm):
+    """The fused optimizer divides each gradient by grad_scale as it reads it: the same steps as
+    clip_grad_norm_ followed by the unclipped update, and the same norm reported."""
+    from tunewright_jobs.train import clip_gradients
+
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(0))
+    runs = []
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=fused, foreach=not fused)
+        norms, first_moments = [], []
+        for _ in range(4):
+            model(x).pow(2).sum().mul(50).backward()
+            norms.append(clip_gradients(optimizer, list(model.parameters()), max_norm).item())
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            # Adam's update barely depends on the gradients' scale; its first moment is the clipped gradients
+            first_moments.append([optimizer.state[p]["exp_avg"].clone() for p in model.parameters()])
+        runs.append((norms, first_moments, [p.detach().clone() for p in model.parameters()]))
+    (fused_norms, fused_moments, fused_params), (plain_norms, plain_moments, plain_params) = runs
+    assert fused_norms == pytest.approx(plain_norms, rel=1e-5)
+    if max_norm == 0.01:
+        assert min(plain_norms) > 0.01  # the clipping was active
+    for a, b in zip([*sum(fused_moments, []), *fused_params], [*sum(plain_moments, []), *plain_params], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
