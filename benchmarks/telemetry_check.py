@@ -6,8 +6,10 @@ On the GPU machine (no Ray: the runtime under this script, one process per run):
 
 For each case, in the same invocation and on the same GPU:
 - telemetry off (no profiler windows, no GPM reads) and on (the defaults: GPM every logged step, a
-  two-step profiler window every 100 steps), alternated, `--repeats` times each: the overhead is the mean
-  step time with it on over the mean with it off, the profiled steps included (what a user pays);
+  two-step profiler window every 100 steps or further apart, `metrics.profile.max_overhead`), alternated,
+  `--repeats` times each. The overhead is what a long run pays: the unprofiled steps' mean time with it on
+  over the mean with it off, plus each window's measured cost over the training time until the next window
+  (a short run holds one window at most, so its own mean would price a window as if it came every run);
 - one traced run: a profiler window at steps 11-13 with its full Chrome trace kept, and the GPM shares of
   the same steps, for the offline comparison.
 It writes OUT/telemetry_check.json and OUT/traces.tar.gz.
@@ -76,10 +78,17 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+def profiled_steps(recs: list[dict]) -> set[int]:
+    """The 1-based steps whose records hold a profiler window's time: its steps, and the step after its last
+    (whose record holds the trace's analysis). Their cost is the window's `window_cost_seconds`."""
+    return {s for r in recs if r["event"] == "comm" for s in range(r["step"] - r["profiled_steps"] + 1, r["step"] + 2)}
+
+
 def summarize_run(out: Path, telemetry: str) -> dict:
     recs = records(out)
     steps = [r for r in recs if r["event"] == "step"]
-    steady = steps[WARMUP:]
+    windowed = profiled_steps(recs)
+    steady = [r for r in steps[WARMUP:] if r["step"] not in windowed]
     row = {"telemetry": telemetry, "steps": len(steps),
            "mean_step_seconds": statistics.fmean(r["step_seconds"] for r in steady),
            "median_step_seconds": statistics.median(r["step_seconds"] for r in steady),
@@ -91,6 +100,12 @@ def summarize_run(out: Path, telemetry: str) -> dict:
             values = [r[field] for r in steady if r.get(field) is not None]
             row[field] = statistics.fmean(values) if values else None
         row["gpu_activity_unavailable"] = steady[-1].get("gpu_activity_unavailable")
+    if telemetry == "on":
+        # each window's cost and where the next opens: the share of training time the windows take in a
+        # long run, whatever this run's length
+        row["windows"] = [{"opened": r["step"] - r["profiled_steps"], "closed": r["step"],
+                           "cost_seconds": r.get("window_cost_seconds"), "next_step": r.get("next_window_step")}
+                          for r in recs if r["event"] == "comm"]
     if telemetry == "traced":
         # the window's steps but its last: that step's record also covers stopping the profiler and writing
         # the trace (seconds with the GPU idle), which the trace itself does not hold
@@ -145,17 +160,22 @@ def run(args) -> int:
         ok = [r for r in runs if "error" not in r]
         on = [r["mean_step_seconds"] for r in ok if r["telemetry"] == "on"]
         off = [r["mean_step_seconds"] for r in ok if r["telemetry"] == "off"]
+        steady = statistics.fmean(on) / statistics.fmean(off) - 1 if on and off else None
+        windows = window_share([r for r in ok if r["telemetry"] == "on"], statistics.fmean(off)) if off else None
         result["cases"][case] = {
             "model": model, "method": method, "seq_len": seq_len, "micro_batch": micro_batch, "runs": runs,
-            "overhead": statistics.fmean(on) / statistics.fmean(off) - 1 if on and off else None,
+            # what a long run pays: the unprofiled steps' slow-down (GPM reads, records) plus the windows'
+            # measured cost over the steps between them
+            "overhead": steady + windows if steady is not None and windows is not None else None,
+            "overhead_steady_steps": steady, "overhead_windows": windows,
             # run-to-run spread of the same setting: the overhead is only as precise as this
             "spread_off": (max(off) - min(off)) / statistics.fmean(off) if len(off) > 1 else None,
             "spread_on": (max(on) - min(on)) / statistics.fmean(on) if len(on) > 1 else None}
         (args.out / "telemetry_check.json").write_text(json.dumps(result, indent=2))
     with tarfile.open(args.out / "traces.tar.gz", "w:gz") as tar:
         tar.add(traces, arcname="traces")
-    print(f"\n{'case':14} {'off s/step':>11} {'on s/step':>10} {'overhead':>9} {'spread':>7} {'SM-active':>10} "
-          f"{'tensor':>7} {'DRAM':>6} {'kernel-active':>14}")
+    print(f"\n{'case':14} {'off s/step':>11} {'on s/step':>10} {'steps':>7} {'windows':>8} {'overhead':>9} "
+          f"{'spread':>7} {'SM-active':>10} {'tensor':>7} {'DRAM':>6} {'kernel-active':>14}")
     for case, c in result["cases"].items():
         on_runs = [r for r in c["runs"] if r.get("telemetry") == "on" and "error" not in r]
         off_runs = [r for r in c["runs"] if r.get("telemetry") == "off" and "error" not in r]
@@ -165,14 +185,27 @@ def run(args) -> int:
         g = on_runs[-1]
         spread = max(c["spread_off"] or 0.0, c["spread_on"] or 0.0)
         print(f"{case:14} {statistics.fmean(r['mean_step_seconds'] for r in off_runs):>11.4f} "
-              f"{statistics.fmean(r['mean_step_seconds'] for r in on_runs):>10.4f} {c['overhead']:>+9.2%} "
+              f"{statistics.fmean(r['mean_step_seconds'] for r in on_runs):>10.4f} "
+              f"{c['overhead_steady_steps']:>+7.2%} {_pct(c['overhead_windows']):>8} {_opt_pct(c['overhead']):>9} "
               f"{spread:>7.2%} {_pct(g.get('sm_active_share')):>10} {_pct(g.get('tensor_active_share')):>7} "
               f"{_pct(g.get('dram_bandwidth_share')):>6} {_pct(g.get('kernel_active_share')):>14}")
     return 0
 
 
+def window_share(on_runs: list[dict], off_step_seconds: float) -> float | None:
+    """The profiler windows' share of a long run's training time: each window's measured cost over the
+    training time from its opening to the next's (at the unprofiled step time), averaged over the windows."""
+    shares = [w["cost_seconds"] / ((w["next_step"] - w["opened"]) * off_step_seconds)
+              for r in on_runs for w in r["windows"] if w["cost_seconds"] is not None and w["next_step"]]
+    return statistics.fmean(shares) if shares else None
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
+
+
+def _opt_pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2%}"
 
 
 # --- offline: the same windows through our arithmetic, HTA's, and the trace's SM coverage ---------------
@@ -255,7 +288,7 @@ def analyze(args) -> int:
     for r in rows:
         print(f"{r['case']:14} {_pair(r['comm_share'], 'online', 'hta'):>16} "
               f"{_pair(r['comm_share_exposed'], 'online', 'hta'):>19} {_pair(r['gpu_busy_share'], 'online', 'hta'):>16} "
-              f"{_pair(r['sm_active'], 'gpm_steady', 'trace_sm_coverage'):>20} {r['overhead']:>+9.2%}")
+              f"{_pair(r['sm_active'], 'gpm_steady', 'trace_sm_coverage'):>20} {_opt_pct(r['overhead']):>9}")
     if args.write:
         args.write.write_text(json.dumps({"measured": measured, "comparison": rows,
                                           "reference": "HolisticTraceAnalysis "
