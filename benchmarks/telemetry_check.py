@@ -1,8 +1,11 @@
 """Check the runtime's online telemetry against a trusted reference, and measure what it costs (issue 13).
 
-On the GPU machine (no Ray: the runtime under this script, one process per run):
+On the GPU machine (no Ray: the runtime under this script, one process per run, under torchrun on two GPUs):
 
   python benchmarks/telemetry_check.py run --out OUT [--cases gpt2-full llama1b-lora] [--steps 110]
+  python benchmarks/telemetry_check.py run --out OUT --cases llama1b-lora-ddp llama1b-full-fsdp llama1b-lora-ddp-slow
+
+(the default: every case the visible GPUs can run).
 
 For each case, in the same invocation and on the same GPU:
 - telemetry off (no profiler windows, no GPM reads) and on (the defaults: GPM every logged step, a
@@ -10,8 +13,9 @@ For each case, in the same invocation and on the same GPU:
   `--repeats` times each. The overhead is what a long run pays: the unprofiled steps' mean time with it on
   over the mean with it off, plus each window's measured cost over the training time until the next window
   (a short run holds one window at most, so its own mean would price a window as if it came every run);
-- one traced run: a profiler window at steps 11-13 with its full Chrome trace kept, and the GPM shares of
-  the same steps, for the offline comparison.
+- one traced run: a profiler window at steps 11-13 with its full Chrome trace kept (one per rank), and the
+  GPM shares of the same steps, for the offline comparison. A straggler case (one rank sleeps in every
+  step) runs traced only: its `comm` record must name the slow rank and show the others waiting for it.
 It writes OUT/telemetry_check.json and OUT/traces.tar.gz.
 
 Offline, where the Holistic Trace Analysis package is installed (`pip install HolisticTraceAnalysis`, in a
@@ -31,12 +35,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import statistics
 import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -45,17 +51,34 @@ sys.path.insert(0, str(ROOT / "jobs"))
 from gpu_runs import MODELS, SMOKE_MODELS, build_model, launch_runtime, write_dataset  # noqa: E402
 
 from tunewright_jobs.commshare import chrome_trace_events, comm_share, kernel_time, split_events  # noqa: E402
+from tunewright_jobs.train import SLOW_RANK_ENV  # noqa: E402
 
-CASES = {  # name: (model, method, seq_len, micro-batch)
-    "gpt2-full": ("gpt2-124m", "full", 1024, 16),  # short steps: where per-step costs show most
-    "llama1b-lora": ("llama-1b", "lora", 2048, 8),
+
+class Case(NamedTuple):
+    model: str
+    method: str
+    seq_len: int
+    micro_batch: int
+    gpus: int = 1
+    strategy: str = "single"
+    slow_rank: str | None = None  # "RANK:SECONDS": that rank sleeps in every step (train.SLOW_RANK_ENV)
+
+
+CASES = {
+    "gpt2-full": Case("gpt2-124m", "full", 1024, 16),  # short steps: where per-step costs show most
+    "llama1b-lora": Case("llama-1b", "lora", 2048, 8),
+    # two GPUs, where communication overlaps compute: DDP's one all-reduce, FSDP's gathers and reductions
+    "llama1b-lora-ddp": Case("llama-1b", "lora", 2048, 8, gpus=2, strategy="ddp"),
+    "llama1b-full-fsdp": Case("llama-1b", "full", 2048, 8, gpus=2, strategy="fsdp"),
+    # rank 1 sleeps 50 ms in every step: named as the straggler, rank 0's collectives wait for it
+    "llama1b-lora-ddp-slow": Case("llama-1b", "lora", 2048, 8, gpus=2, strategy="ddp", slow_rank="1:0.05"),
 }
 TRACED_FIRST_STEP, TRACED_STEPS = 10, 3
 WARMUP = 5  # steps left out of the overhead: compilation, allocator growth
 
 
-def job_config(name: str, model_path: Path, data: Path, out: Path, method: str, seq_len: int, micro_batch: int,
-               steps: int, telemetry: str, gpu: bool = True) -> dict:
+def job_config(name: str, model_path: Path, data: Path, out: Path, case: Case, steps: int, telemetry: str,
+               gpu: bool = True) -> dict:
     profile = {"enabled": False}
     if telemetry == "on":
         profile = {}  # the defaults users get
@@ -64,11 +87,12 @@ def job_config(name: str, model_path: Path, data: Path, out: Path, method: str, 
                    "trace_dir": str(out / "traces")}
     return {
         "name": name, "output_dir": str(out), "model": {"source": str(model_path)},
-        "method": {"type": method, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
+        "method": {"type": case.method, "lora": {"r": 16, "alpha": 32, "dropout": 0.0}},
         "dataset": {"train": str(data), "format": "text"},
-        "hyperparameters": {"max_steps": steps, "learning_rate": 1e-4, "seq_len": seq_len, "warmup_ratio": 0.0,
-                            "global_batch_size": micro_batch},
-        "strategy": {"type": "single", "num_workers": 1, "use_gpu": gpu, "micro_batch_size": micro_batch},
+        "hyperparameters": {"max_steps": steps, "learning_rate": 1e-4, "seq_len": case.seq_len, "warmup_ratio": 0.0,
+                            "global_batch_size": case.micro_batch * case.gpus},
+        "strategy": {"type": case.strategy, "num_workers": case.gpus, "use_gpu": gpu,
+                     "micro_batch_size": case.micro_batch},
         "checkpoint": {"final": False},
         "metrics": {"log_every_steps": 1, "profile": profile, "gpu_activity": telemetry != "off"},
     }
@@ -120,31 +144,41 @@ def summarize_run(out: Path, telemetry: str) -> dict:
 def run(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tw-telemetry-"))
-    longest = 128 if args.smoke else max(CASES[c][2] for c in args.cases)
-    write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=longest)
     import torch
 
+    visible = torch.cuda.device_count()
+    cases = args.cases or [c for c in CASES if args.smoke or CASES[c].gpus <= visible]
+    longest = 128 if args.smoke else max(CASES[c].seq_len for c in cases)
+    write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=longest)
     result = {"environment": {"torch": torch.__version__,
                               "gpu": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(0)},
               "steps": args.steps, "warmup_steps": WARMUP, "cases": {}}
     traces = work / "traces"
-    for case in args.cases:
-        model, method, seq_len, micro_batch = CASES[case]
-        profile, extra = (SMOKE_MODELS if args.smoke else MODELS)[model]
+    for case in cases:
+        spec = CASES[case]
+        if spec.gpus > visible and not args.smoke:
+            result["cases"][case] = {"skipped": f"needs {spec.gpus} GPUs, {visible} visible"}
+            continue
         if args.smoke:
-            seq_len, micro_batch = 128, 2
-        model_path = work / model
+            spec = spec._replace(seq_len=128, micro_batch=2)
+        profile, extra = (SMOKE_MODELS if args.smoke else MODELS)[spec.model]
+        model_path = work / spec.model
         if not model_path.exists():
             build_model(profile, extra, model_path)
         runs = []
-        order = ["off", "on"] * args.repeats + ["traced"]
+        # a straggler's run only shows where the time went: no overhead pairs
+        order = ["traced"] if spec.slow_rank else ["off", "on"] * args.repeats + ["traced"]
         for i, telemetry in enumerate(order):
             out = work / f"{case}-{i}-{telemetry}"
             steps = TRACED_FIRST_STEP + TRACED_STEPS + 2 if telemetry == "traced" else args.steps
-            config = job_config(f"{case}-{i}", model_path, work / "data.jsonl", out, method, seq_len, micro_batch,
-                                steps, telemetry, gpu=not args.smoke)
+            config = job_config(f"{case}-{i}", model_path, work / "data.jsonl", out, spec, steps, telemetry,
+                                gpu=not args.smoke)
             started = time.time()
-            proc = launch_runtime(config, out, 1, timeout=300)
+            os.environ.pop(SLOW_RANK_ENV, None)
+            if spec.slow_rank:
+                os.environ[SLOW_RANK_ENV] = spec.slow_rank  # the runtime's environment is this one's
+            proc = launch_runtime(config, out, spec.gpus, timeout=300)
+            os.environ.pop(SLOW_RANK_ENV, None)
             if proc.returncode:
                 print(proc.stderr[-3000:], flush=True)
                 runs.append({"telemetry": telemetry, "error": proc.stderr[-1500:]})
@@ -163,7 +197,7 @@ def run(args) -> int:
         steady = statistics.fmean(on) / statistics.fmean(off) - 1 if on and off else None
         windows = window_share([r for r in ok if r["telemetry"] == "on"], statistics.fmean(off)) if off else None
         result["cases"][case] = {
-            "model": model, "method": method, "seq_len": seq_len, "micro_batch": micro_batch, "runs": runs,
+            **spec._asdict(), "runs": runs,
             # what a long run pays: the unprofiled steps' slow-down (GPM reads, records) plus the windows'
             # measured cost over the steps between them
             "overhead": steady + windows if steady is not None and windows is not None else None,
@@ -171,25 +205,48 @@ def run(args) -> int:
             # run-to-run spread of the same setting: the overhead is only as precise as this
             "spread_off": (max(off) - min(off)) / statistics.fmean(off) if len(off) > 1 else None,
             "spread_on": (max(on) - min(on)) / statistics.fmean(on) if len(on) > 1 else None}
+        # after every case: a call cut short keeps what finished
         (args.out / "telemetry_check.json").write_text(json.dumps(result, indent=2))
-    with tarfile.open(args.out / "traces.tar.gz", "w:gz") as tar:
-        tar.add(traces, arcname="traces")
-    print(f"\n{'case':14} {'off s/step':>11} {'on s/step':>10} {'steps':>7} {'windows':>8} {'overhead':>9} "
+        if traces.exists():
+            with tarfile.open(args.out / "traces.tar.gz", "w:gz") as tar:
+                tar.add(traces, arcname="traces")
+    print(f"\n{'case':22} {'off s/step':>11} {'on s/step':>10} {'steps':>7} {'windows':>8} {'overhead':>9} "
           f"{'spread':>7} {'SM-active':>10} {'tensor':>7} {'DRAM':>6} {'kernel-active':>14}")
     for case, c in result["cases"].items():
+        if "skipped" in c:
+            print(f"{case:22} {c['skipped']}")
+            continue
         on_runs = [r for r in c["runs"] if r.get("telemetry") == "on" and "error" not in r]
         off_runs = [r for r in c["runs"] if r.get("telemetry") == "off" and "error" not in r]
         if not on_runs or not off_runs:
-            print(f"{case:14} FAILED")
+            print(f"{case:22} {'traced only' if c['slow_rank'] else 'FAILED'}")
             continue
         g = on_runs[-1]
         spread = max(c["spread_off"] or 0.0, c["spread_on"] or 0.0)
-        print(f"{case:14} {statistics.fmean(r['mean_step_seconds'] for r in off_runs):>11.4f} "
+        print(f"{case:22} {statistics.fmean(r['mean_step_seconds'] for r in off_runs):>11.4f} "
               f"{statistics.fmean(r['mean_step_seconds'] for r in on_runs):>10.4f} "
               f"{c['overhead_steady_steps']:>+7.2%} {_pct(c['overhead_windows']):>8} {_opt_pct(c['overhead']):>9} "
               f"{spread:>7.2%} {_pct(g.get('sm_active_share')):>10} {_pct(g.get('tensor_active_share')):>7} "
               f"{_pct(g.get('dram_bandwidth_share')):>6} {_pct(g.get('kernel_active_share')):>14}")
+    print(f"\n{'traced window':22} {'comm':>6} {'exposed':>8} {'wait ms':>8} {'transfer ms':>12} {'slowest':>8} "
+          f"{'rank ms min-max':>16}")
+    for case, c in result["cases"].items():
+        traced = next((r for r in c.get("runs", []) if r.get("telemetry") == "traced" and "error" not in r), None)
+        if traced is None:
+            continue
+        w = traced["window_comm"]
+        print(f"{case:22} {w['comm_share']:>6.1%} {w['comm_share_exposed']:>8.1%} {_ms(w['wait_seconds_per_step']):>8} "
+              f"{_ms(w['transfer_seconds_per_step']):>12} {_rank(w['slowest_rank']):>8} "
+              f"{_ms(w['rank_own_seconds_min']) + '-' + _ms(w['rank_own_seconds_max']):>16}")
     return 0
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f}"
+
+
+def _rank(rank: int | None) -> str:
+    return "n/a" if rank is None else str(rank)
 
 
 def window_share(on_runs: list[dict], off_step_seconds: float) -> float | None:
@@ -230,23 +287,37 @@ def sm_coverage(trace: dict, sms: int) -> tuple[float, float]:
 
 
 def hta_breakdown(trace_dir: Path) -> dict:
+    """HTA's shares of a window traced on every rank (one file each): times summed over the ranks, the
+    overlap of communication with compute averaged over them."""
     from hta.trace_analysis import TraceAnalysis
 
     analysis = TraceAnalysis(trace_dir=str(trace_dir))
-    temporal = analysis.get_temporal_breakdown(visualize=False).iloc[0]
-    kernels = analysis.get_gpu_kernel_breakdown(visualize=False)[0]  # by kernel type: COMMUNICATION, ...
-    by_type = {row["kernel_type"]: row["sum"] for _, row in kernels.iterrows()}
-    total = temporal["idle_time(us)"] + temporal["compute_time(us)"] + temporal["non_compute_time(us)"]
-    comm_us = sum(v for k, v in by_type.items() if "COMMUNICATION" in k)
-    out = {"idle_share": temporal["idle_time(us)"] / total,
-           "busy_share": (temporal["compute_time(us)"] + temporal["non_compute_time(us)"]) / total,
-           "comm_share": comm_us / total}
+    temporal = analysis.get_temporal_breakdown(visualize=False)  # a row per rank
+    idle, compute, other = (float(temporal[f"{kind}_time(us)"].sum()) for kind in ("idle", "compute", "non_compute"))
+    kernels = analysis.get_gpu_kernel_breakdown(visualize=False)[0]  # by kernel type, all ranks: COMMUNICATION, ...
+    comm_us = sum(row["sum"] for _, row in kernels.iterrows() if "COMMUNICATION" in row["kernel_type"])
+    total = idle + compute + other
+    out = {"idle_share": idle / total, "busy_share": (compute + other) / total, "comm_share": comm_us / total,
+           "ranks": len(temporal)}
     if comm_us:
-        overlap = analysis.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"] / 100
+        overlap = float(analysis.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].mean()) / 100
         out["comm_share_exposed"] = comm_us * (1 - overlap) / total
     else:
         out["comm_share_exposed"] = 0.0
     return out
+
+
+def offline_shares(path: Path, sms: int) -> dict[str, float]:
+    """One rank's trace through the runtime's own arithmetic, offline: its communication shares over the span
+    of its kernels, and its busy and SM coverage shares."""
+    with gzip.open(path, "rt") as fh:
+        trace = json.load(fh)
+    events = chrome_trace_events(trace)
+    kernels = [e for e in events if e.kind == "kernel"]
+    window_s = (max(e.end_ns for e in kernels) - min(e.start_ns for e in kernels)) / 1e9
+    share = comm_share(*split_events(events), window_s)
+    busy, coverage = sm_coverage(trace, sms)
+    return {"comm": share.total, "exposed": share.exposed, "busy": busy, "coverage": coverage}
 
 
 def analyze(args) -> int:
@@ -256,37 +327,35 @@ def analyze(args) -> int:
         tar.extractall(traces, filter="data")
     rows = []
     for case, c in measured["cases"].items():
-        traced = next((r for r in c["runs"] if r.get("telemetry") == "traced" and "error" not in r), None)
-        files = sorted((traces / "traces" / case).glob("*.json.gz"))
+        traced = next((r for r in c.get("runs", []) if r.get("telemetry") == "traced" and "error" not in r), None)
+        files = sorted((traces / "traces" / case).glob("*.json.gz"))  # one a rank
         if traced is None or not files:
             continue
-        with gzip.open(files[0], "rt") as fh:
-            trace = json.load(fh)
-        events = chrome_trace_events(trace)
-        kernels = [e for e in events if e.kind == "kernel"]
-        window_s = (max(e.end_ns for e in kernels) - min(e.start_ns for e in kernels)) / 1e9
-        ours_offline = comm_share(*split_events(events), window_s)
-        busy, coverage = sm_coverage(trace, args.sms)
+        ranks = [offline_shares(f, args.sms) for f in files]
+        mean = {key: statistics.fmean(r[key] for r in ranks) for key in ranks[0]}
         hta = hta_breakdown(files[0].parent)
         online = traced["window_comm"]
         gpm = traced["window_gpm"]
+        steady = [r["sm_active_share"] for r in c["runs"] if r.get("telemetry") == "on" and r.get("sm_active_share")]
         rows.append({
-            "case": case,
-            "comm_share": {"online": online["comm_share"], "offline_ours": ours_offline.total, "hta": hta["comm_share"]},
-            "comm_share_exposed": {"online": online["comm_share_exposed"], "offline_ours": ours_offline.exposed,
+            "case": case, "ranks": len(files),
+            "comm_share": {"online": online["comm_share"], "offline_ours": mean["comm"], "hta": hta["comm_share"]},
+            "comm_share_exposed": {"online": online["comm_share_exposed"], "offline_ours": mean["exposed"],
                                    "hta": hta["comm_share_exposed"]},
-            "gpu_busy_share": {"online": online.get("gpu_busy_share"), "trace": busy, "hta": hta["busy_share"]},
-            "sm_active": {"gpm_window": gpm["sm_active_share"], "trace_sm_coverage": coverage,
+            "gpu_busy_share": {"online": online.get("gpu_busy_share"), "trace": mean["busy"], "hta": hta["busy_share"]},
+            "sm_active": {"gpm_window": gpm["sm_active_share"], "trace_sm_coverage": mean["coverage"],
                           # the same setting's steady steps, in the runs with telemetry on
-                          "gpm_steady": statistics.fmean(r["sm_active_share"] for r in c["runs"]
-                                                         if r.get("telemetry") == "on" and r.get("sm_active_share"))},
-            "kernel_active": {"nvml": gpm["kernel_active_share"], "trace_busy": busy},
+                          "gpm_steady": statistics.fmean(steady) if steady else None},
+            "kernel_active": {"nvml": gpm["kernel_active_share"], "trace_busy": mean["busy"]},
+            "straggler": {key: online.get(key) for key in ("slowest_rank", "wait_seconds_per_step",
+                                                           "transfer_seconds_per_step", "rank_own_seconds_min",
+                                                           "rank_own_seconds_max")},
             "overhead": c["overhead"], "spread": max(c["spread_off"] or 0.0, c["spread_on"] or 0.0),
         })
-    print(f"{'case':14} {'comm online/HTA':>16} {'exposed online/HTA':>19} {'busy online/HTA':>16} "
+    print(f"{'case':22} {'comm online/HTA':>16} {'exposed online/HTA':>19} {'busy online/HTA':>16} "
           f"{'SM-active GPM/trace':>20} {'overhead':>9}")
     for r in rows:
-        print(f"{r['case']:14} {_pair(r['comm_share'], 'online', 'hta'):>16} "
+        print(f"{r['case']:22} {_pair(r['comm_share'], 'online', 'hta'):>16} "
               f"{_pair(r['comm_share_exposed'], 'online', 'hta'):>19} {_pair(r['gpu_busy_share'], 'online', 'hta'):>16} "
               f"{_pair(r['sm_active'], 'gpm_steady', 'trace_sm_coverage'):>20} {_opt_pct(r['overhead']):>9}")
     if args.write:
@@ -311,7 +380,8 @@ def main() -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
+    r.add_argument("--cases", nargs="+", choices=sorted(CASES), help="default: every case the visible GPUs run "
+                                                                      "(with --smoke: every case, on gloo)")
     r.add_argument("--steps", type=int, default=110, help="a run's steps (default %(default)s: one default "
                                                           "profiler window past step 100)")
     r.add_argument("--repeats", type=int, default=2, help="off/on pairs per case")

@@ -4,6 +4,7 @@ committed traces: the scripts that produced the README's table cannot rot unnoti
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,24 @@ def test_only_names_runs_exactly_or_by_prefix():
     assert [r.name for r in selected(runs, ["llama-1b-full-single-1gpu-mb8"])] == ["llama-1b-full-single-1gpu-mb8"]
     assert {r.name for r in selected(runs, ["gpt2-124m*"])} == {r.name for r in runs if r.model == "gpt2-124m"}
     assert selected(runs, None) == runs and selected(runs, ["no-such-run"]) == []
+
+
+@pytest.mark.slow  # one traced run of two gloo ranks (about 20 s here)
+def test_the_telemetry_check_names_a_straggler_on_two_ranks(tmp_path):
+    """The two-GPU cases of telemetry_check.py run on two CPU ranks: the straggler case's window names the
+    sleeping rank, shows the other waiting, and keeps one trace a rank for the offline comparison."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "telemetry_check.py"), "run", "--smoke",
+                           "--out", str(tmp_path), "--cases", "llama1b-lora-ddp-slow"],
+                          capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin",
+                                                                            "TOKENIZERS_PARALLELISM": "false"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    case = json.loads((tmp_path / "telemetry_check.json").read_text())["cases"]["llama1b-lora-ddp-slow"]
+    assert (case["gpus"], case["strategy"], case["slow_rank"]) == (2, "ddp", "1:0.05")
+    [traced] = case["runs"]
+    window = traced["window_comm"]
+    assert window["slowest_rank"] == 1
+    assert window["wait_seconds_per_step"] > 0.01  # rank 0 waits for rank 1's 50 ms sleep (the mean of both)
+    assert window["rank_own_seconds_max"] - window["rank_own_seconds_min"] > 0.03
+    with tarfile.open(tmp_path / "traces.tar.gz") as tar:
+        names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json.gz"))
+    assert [n.split("-")[0] for n in names] == ["rank0", "rank1"]
