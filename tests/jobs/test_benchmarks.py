@@ -86,3 +86,23 @@ def test_the_telemetry_check_names_a_straggler_on_two_ranks(tmp_path):
     with tarfile.open(tmp_path / "traces.tar.gz") as tar:
         names = sorted(Path(n).name for n in tar.getnames() if n.endswith(".json.gz"))
     assert [n.split("-")[0] for n in names] == ["rank0", "rank1"]
+
+
+@pytest.mark.slow  # two tiny runs on two gloo ranks and a link measurement (about a minute here)
+def test_the_topology_check_measures_a_link_and_sets_the_planner_beside_the_runs(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "topology_check.py"), "run", "--smoke",
+                           "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--steps", "10",
+                           "--links", "sockets", "--methods", "lora"],
+                          capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin",
+                                                                            "TOKENIZERS_PARALLELISM": "false"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "topology_check.json").read_text())
+    link = result["links"]["sockets"]
+    assert link["env"] == {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"} and link["ranks"] == 2
+    assert link["bus_bytes_per_s"] > 0 and link["latency_s"] > 0
+    assert [(r["strategy"], r["link"]) for r in result["runs"]] == [("ddp", "sockets"), ("fsdp", "sockets")]
+    for row in result["runs"]:
+        assert row["step_seconds_median"] > 0 and row["comm_share"] > 0  # two ranks: collectives measured
+        assert row["predicted"]["step_seconds"] > 0 and 0 < row["predicted"]["comm_share"] <= 1
+    assert set(result["choices"]) == {"lora over sockets"}
+    assert result["choices"]["lora over sockets"]["planner"] in ("ddp", "fsdp")
