@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -150,6 +151,27 @@ def runtime_env(devices: str | None = None) -> dict[str, str]:
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "jobs"), os.environ.get("PYTHONPATH")]))}
     return env | ({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {})
+
+
+@contextmanager
+def environment(env: dict[str, str | None]):
+    """`env` in this process while the block runs (the runtime's children inherit it; None unsets a
+    variable), then as it was."""
+    saved = {key: os.environ.get(key) for key in env}
+    try:
+        for key, value in env.items():
+            _set(key, value)
+        yield
+    finally:
+        for key, value in saved.items():
+            _set(key, value)
+
+
+def _set(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def launch_runtime(config: dict, out: Path, gpus: int, timeout: float,

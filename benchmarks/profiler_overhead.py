@@ -70,18 +70,20 @@ def run(args) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tw-profiler-overhead-"))
-    model, method, seq_len, micro_batch = CASES[args.case]
-    profile, extra = (SMOKE_MODELS if args.smoke else MODELS)[model]
+    case = CASES[args.case]
+    if case.gpus != 1:
+        raise SystemExit(f"--case {args.case}: this probe runs one process, the case {case.gpus}")
     if args.smoke:
-        seq_len, micro_batch = 128, 2
-    write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=seq_len)
-    build_model(profile, extra, work / model)
+        case = case._replace(seq_len=128, micro_batch=2)
+    profile, extra = (SMOKE_MODELS if args.smoke else MODELS)[case.model]
+    write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=case.seq_len)
+    build_model(profile, extra, work / case.model)
     result = {"case": args.case, "steps": args.steps, "window_at": args.window_at, "runs": []}
     for i, variant in enumerate(ORDER):
         window, env = VARIANTS[variant]
         out = work / f"{i}-{variant}"
-        config = job_config(variant, work / model, work / "data.jsonl", out, method, seq_len, micro_batch,
-                            args.steps, "on", gpu=not args.smoke)
+        config = job_config(variant, work / case.model, work / "data.jsonl", out, case, args.steps, "on",
+                            gpu=not args.smoke)
         config["metrics"]["profile"] = ({"first_step": args.window_at, "steps": 2, "every_steps": 100} if window
                                         else {"enabled": False})
         out.mkdir(parents=True, exist_ok=True)

@@ -35,8 +35,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import statistics
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "jobs"))
 
-from gpu_runs import MODELS, SMOKE_MODELS, build_model, launch_runtime, write_dataset  # noqa: E402
+from gpu_runs import MODELS, SMOKE_MODELS, build_model, environment, launch_runtime, write_dataset  # noqa: E402
 
 from tunewright_jobs.commshare import chrome_trace_events, comm_share, kernel_time, split_events  # noqa: E402
 from tunewright_jobs.train import SLOW_RANK_ENV  # noqa: E402
@@ -103,9 +103,9 @@ def records(out: Path) -> list[dict]:
 
 
 def profiled_steps(recs: list[dict]) -> set[int]:
-    """The 1-based steps whose records hold a profiler window's time: its steps, and the step after its last
-    (whose record holds the trace's analysis). Their cost is the window's `window_cost_seconds`."""
-    return {s for r in recs if r["event"] == "comm" for s in range(r["step"] - r["profiled_steps"] + 1, r["step"] + 2)}
+    """The 1-based steps whose records hold a profiler window's time: its steps (the first holds starting the
+    profiler, the last reading its events). Their cost is the window's `window_cost_seconds`."""
+    return {s for r in recs if r["event"] == "comm" for s in range(r["step"] - r["profiled_steps"] + 1, r["step"] + 1)}
 
 
 def summarize_run(out: Path, telemetry: str) -> dict:
@@ -147,8 +147,12 @@ def run(args) -> int:
     import torch
 
     visible = torch.cuda.device_count()
-    cases = args.cases or [c for c in CASES if args.smoke or CASES[c].gpus <= visible]
-    longest = 128 if args.smoke else max(CASES[c].seq_len for c in cases)
+    cases = args.cases or list(CASES)
+    runnable = [c for c in cases if args.smoke or CASES[c].gpus <= visible]
+    if not runnable:
+        print(f"no case can run on {visible} GPUs", file=sys.stderr)
+        return 2
+    longest = 128 if args.smoke else max(CASES[c].seq_len for c in runnable)
     write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=longest)
     result = {"environment": {"torch": torch.__version__,
                               "gpu": "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(0)},
@@ -156,8 +160,9 @@ def run(args) -> int:
     traces = work / "traces"
     for case in cases:
         spec = CASES[case]
-        if spec.gpus > visible and not args.smoke:
+        if case not in runnable:
             result["cases"][case] = {"skipped": f"needs {spec.gpus} GPUs, {visible} visible"}
+            (args.out / "telemetry_check.json").write_text(json.dumps(result, indent=2))
             continue
         if args.smoke:
             spec = spec._replace(seq_len=128, micro_batch=2)
@@ -174,11 +179,12 @@ def run(args) -> int:
             config = job_config(f"{case}-{i}", model_path, work / "data.jsonl", out, spec, steps, telemetry,
                                 gpu=not args.smoke)
             started = time.time()
-            os.environ.pop(SLOW_RANK_ENV, None)
-            if spec.slow_rank:
-                os.environ[SLOW_RANK_ENV] = spec.slow_rank  # the runtime's environment is this one's
-            proc = launch_runtime(config, out, spec.gpus, timeout=300)
-            os.environ.pop(SLOW_RANK_ENV, None)
+            try:
+                with environment({SLOW_RANK_ENV: spec.slow_rank}):  # the runtime's environment is this one's
+                    proc = launch_runtime(config, out, spec.gpus, timeout=300)
+            except subprocess.TimeoutExpired as err:
+                runs.append({"telemetry": telemetry, "error": f"timed out: {err}"})
+                continue
             if proc.returncode:
                 print(proc.stderr[-3000:], flush=True)
                 runs.append({"telemetry": telemetry, "error": proc.stderr[-1500:]})

@@ -23,19 +23,33 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_runs import MODELS, SMOKE_MODELS, Run, build_model, run_one, runtime_env, write_dataset  # noqa: E402
+from gpu_runs import (  # noqa: E402
+    MODELS,
+    SMOKE_MODELS,
+    Run,
+    build_model,
+    environment,
+    run_one,
+    runtime_env,
+    write_dataset,
+)
 
 from tunewright_operator.planner import calibration  # noqa: E402
 from tunewright_operator.planner.calibration_fit import run_setup  # noqa: E402
 from tunewright_operator.planner.estimate import estimate  # noqa: E402
 from tunewright_operator.planner.hardware import Link, Pool  # noqa: E402
 
-LINK_ENVS = {"nvlink": {}, "sockets": {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}}
+# NCCL's own choice (NVLink between two GPUs of one host), and TCP sockets: no peer-to-peer, no shared memory,
+# no InfiniBand or RoCE card either (None: the variable is unset)
+_OFF = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE")
+LINK_ENVS: dict[str, dict[str, str | None]] = {
+    "nvlink": dict.fromkeys(_OFF),
+    "sockets": dict.fromkeys(_OFF, "1"),
+}
 RUNS = [Run("llama-1b", method, strategy, 2, 8) for method in ("lora", "full") for strategy in ("ddp", "fsdp")]
 STEPS = 15
 LARGE_BYTES = (64 << 20, 256 << 20)  # bandwidth: messages the size of a block's gradients and larger
@@ -72,14 +86,15 @@ def measure_link(out: Path) -> None:
         return (time.perf_counter() - started) / REPEATS
 
     bus = {n: 2 * (world - 1) / world * n / seconds(n) for n in LARGE_BYTES}
-    latency = seconds(SMALL_BYTES)
+    # the planner charges its latency per step of a ring all-reduce, 2(n-1) of them
+    latency = seconds(SMALL_BYTES) / (2 * (world - 1))
     if rank == 0:
         out.write_text(json.dumps({"bus_bytes_per_s": max(bus.values()), "latency_s": latency, "ranks": world,
                                    "bus_bytes_per_s_by_size": {str(n): b for n, b in bus.items()}}))
     dist.destroy_process_group()
 
 
-def link_of(name: str, env: dict[str, str], work: Path, gpus: int) -> dict:
+def link_of(name: str, env: dict[str, str | None], work: Path, gpus: int) -> dict:
     out = work / f"link-{name}.json"
     with environment(env):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}",
@@ -88,21 +103,6 @@ def link_of(name: str, env: dict[str, str], work: Path, gpus: int) -> dict:
     if proc.returncode:
         raise RuntimeError(f"measuring the {name} link failed: {proc.stderr[-2000:]}")
     return json.loads(out.read_text())
-
-
-@contextmanager
-def environment(env: dict[str, str]):
-    """`env` set in this process (the runtime's children inherit it), and unset again."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 # --- the planner beside the runs -------------------------------------------------------------------------
@@ -149,7 +149,6 @@ def run(args) -> int:
     runs = [r for r in RUNS if r.method in args.methods]
     if args.smoke:
         runs = [r._replace(micro_batch=2) for r in runs]
-    write_dataset(work / "data.jsonl", n=400 if args.smoke else 3000, words_per_example=128 if args.smoke else 2048)
     profile, extra = (SMOKE_MODELS if args.smoke else MODELS)["llama-1b"]
     path = work / "llama-1b"
     params = build_model(profile, extra, path)
@@ -163,14 +162,18 @@ def run(args) -> int:
 
     for name in args.links:
         env = LINK_ENVS[name]
-        link = link_of(name, env, work, 2)
+        link_work = work / name  # each link's runs keep their own logs
+        link_work.mkdir(parents=True, exist_ok=True)
+        write_dataset(link_work / "data.jsonl", n=400 if args.smoke else 3000,
+                      words_per_example=128 if args.smoke else 2048)
+        link = link_of(name, env, link_work, 2)
         result["links"][name] = {"env": env, **link}
         print(f"{name}: bus bandwidth {link['bus_bytes_per_s'] / 1e9:.2f} GB/s, latency {link['latency_s'] * 1e6:.0f} us",
               flush=True)
         write()
         for r in runs:
             with environment(env):
-                row = run_one(r, models, work, args.steps, args.smoke, None)
+                row = run_one(r, models, link_work, args.steps, args.smoke, None)
             row.update({"link": name, "predicted": predicted(r, link, name)})
             result["runs"].append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "link", "step_seconds_median", "comm_share",

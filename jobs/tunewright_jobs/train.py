@@ -106,7 +106,8 @@ def clip_gradients(optimizer: torch.optim.Optimizer, params: list[torch.nn.Param
     """The gradients' total norm (before clipping), and their clipping to `max_norm`. The fused optimizer
     divides each gradient by its `grad_scale` as it reads it (as it does for `GradScaler`), which saves
     clip_grad_norm_'s own multiply: a read of every gradient and its launches."""
-    if not optimizer.defaults["fused"]:
+    # each group's own flag decides its step (a resumed optimizer takes its checkpoint's)
+    if not all(group.get("fused") for group in optimizer.param_groups):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
     norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])

@@ -166,6 +166,7 @@ def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
     assert result["strategy"] == "fsdp"
     assert metrics(sharded)[0].loss == pytest.approx(metrics(single)[0].loss, rel=1e-6)
     assert metrics(sharded)[0].grad_norm == pytest.approx(metrics(single)[0].grad_norm, rel=1e-5)
+    assert metrics(single)[0].grad_norm > single.hyperparameters.max_grad_norm  # the clipping is active
     # past updates of sharded parameters (DTensors) clipped inside the fused optimizer
     assert metrics(sharded)[-1].loss == pytest.approx(metrics(single)[-1].loss, rel=1e-5)
     assert metrics(sharded)[-1].grad_norm == pytest.approx(metrics(single)[-1].grad_norm, rel=1e-4)
@@ -221,3 +222,20 @@ def test_clipping_inside_the_fused_optimizer_equals_clip_grad_norm(max_norm):
         assert min(plain_norms) > 0.01  # the clipping was active
     for a, b in zip([*sum(fused_moments, []), *fused_params], [*sum(plain_moments, []), *plain_params], strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_an_optimizer_resumed_with_unfused_groups_clips_on_its_own():
+    """A checkpoint from before the fused CPU optimizer restores groups with fused=False: their step takes the
+    foreach path, which refuses grad_scale, so the gradients are clipped before it."""
+    from tunewright_jobs.train import clip_gradients
+
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    for group in optimizer.param_groups:  # what load_state_dict takes from such a checkpoint
+        group.update(fused=False, foreach=True)
+    model(torch.ones(2, 4)).sum().mul(100).backward()
+    norm = clip_gradients(optimizer, list(model.parameters()), max_norm=0.5)
+    assert norm > 0.5 and getattr(optimizer, "grad_scale", None) is None
+    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in model.parameters()]))
+    assert clipped == pytest.approx(0.5, rel=1e-4)
+    optimizer.step()
