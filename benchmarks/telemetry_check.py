@@ -5,7 +5,7 @@ On the GPU machine (no Ray: the runtime under this script, one process per run, 
   python benchmarks/telemetry_check.py run --out OUT [--cases gpt2-full llama1b-lora] [--steps 110]
   python benchmarks/telemetry_check.py run --out OUT --cases llama1b-lora-ddp llama1b-full-fsdp llama1b-lora-ddp-slow
 
-(the default: every case the visible GPUs can run).
+(the default: every case; those the visible GPUs cannot run are recorded as skipped).
 
 For each case, in the same invocation and on the same GPU:
 - telemetry off (no profiler windows, no GPM reads) and on (the defaults: GPM every logged step, a
@@ -386,8 +386,9 @@ def main() -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", type=Path, required=True)
-    r.add_argument("--cases", nargs="+", choices=sorted(CASES), help="default: every case the visible GPUs run "
-                                                                      "(with --smoke: every case, on gloo)")
+    r.add_argument("--cases", nargs="+", choices=sorted(CASES), help="default: every case (those the visible "
+                                                                      "GPUs cannot run are recorded as skipped; "
+                                                                      "with --smoke all run, on gloo)")
     r.add_argument("--steps", type=int, default=110, help="a run's steps (default %(default)s: one default "
                                                           "profiler window past step 100)")
     r.add_argument("--repeats", type=int, default=2, help="off/on pairs per case")

@@ -40,8 +40,8 @@ from gpu_runs import (  # noqa: E402
 
 from tunewright_operator.planner import calibration  # noqa: E402
 from tunewright_operator.planner.calibration_fit import run_setup  # noqa: E402
-from tunewright_operator.planner.estimate import estimate  # noqa: E402
-from tunewright_operator.planner.hardware import Link, Pool  # noqa: E402
+from tunewright_operator.planner.estimate import Calibration, estimate  # noqa: E402
+from tunewright_operator.planner.hardware import GPU, Link, Pool  # noqa: E402
 
 # NCCL's own choice (NVLink between two GPUs of one host), and TCP sockets: no peer-to-peer, no shared memory,
 # no InfiniBand or RoCE card either (None: the variable is unset)
@@ -108,8 +108,7 @@ def link_of(name: str, env: dict[str, str | None], work: Path, gpus: int) -> dic
 # --- the planner beside the runs -------------------------------------------------------------------------
 
 
-def predicted(run: Run, link: dict, name: str) -> dict:
-    cal, gpu = calibration.load()
+def predicted(run: Run, link: dict, name: str, cal: Calibration, gpu: GPU) -> dict:
     pool = Pool(f"two-gpus-{name}", gpu, gpus_per_node=run.gpus, max_nodes=1, price_per_gpu_hour=0.0,
                 intra_node=Link(f"{name} (measured)", link["bus_bytes_per_s"], link["latency_s"]), inter_node=None)
     workload, layout = run_setup(run._asdict())
@@ -153,6 +152,7 @@ def run(args) -> int:
     path = work / "llama-1b"
     params = build_model(profile, extra, path)
     models = {"llama-1b": {"path": path, "params": params, "profile": profile}}
+    cal, gpu = calibration.load()
     result = {"environment": {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if visible else "cpu",
                               "gpus_visible": visible},
               "steps": args.steps, "links": {}, "runs": [], "choices": {}}
@@ -174,7 +174,7 @@ def run(args) -> int:
         for r in runs:
             with environment(env):
                 row = run_one(r, models, link_work, args.steps, args.smoke, None)
-            row.update({"link": name, "predicted": predicted(r, link, name)})
+            row.update({"link": name, "predicted": predicted(r, link, name, cal, gpu)})
             result["runs"].append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "link", "step_seconds_median", "comm_share",
                                                       "comm_share_exposed", "predicted", "error")}), flush=True)

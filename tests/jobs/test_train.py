@@ -177,7 +177,7 @@ def test_a_records_time_is_its_steps_time(tiny_models, tmp_path, monkeypatch):
     its steps' measured phases and data wait (none of its time is lost) and none of the evaluations' time."""
     from tunewright_jobs import train as train_module
 
-    pause = 1.0
+    pause = 2.0  # far above a tiny CPU step, so that a loaded machine cannot blur the two
     evaluate = train_module.validation_metrics
 
     def slow_evaluation(*args, **kwargs):
