@@ -1,13 +1,17 @@
-"""Process groups and model wrapping: every strategy is FSDP2 (per transformer block) on its device mesh —
-single (a mesh of one), DDP (shards of one, replicated), FSDP (one shard group), HSDP (2-D mesh).
+"""Process groups and model wrapping. Several ranks (and offloading) go through FSDP2 (per transformer block)
+on a device mesh — DDP (shards of one, replicated), FSDP (one shard group), HSDP (2-D mesh); `single` trains
+the plain module, its fp32 master weights beside the compute copies (`MasterWeights`): the same mixed
+precision as FSDP2's, without its per-block hooks and DTensor dispatch.
 
 Works the same under Ray Train (which creates the process group), under torchrun, and in one process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +57,8 @@ def init_dist(cfg: JobConfig, device: torch.device | None = None) -> Dist:
     """Join (or, under torchrun, create) the process group and pick this rank's device.
 
     Ray Train has already created the group and passes its device; torchrun sets RANK/WORLD_SIZE/LOCAL_RANK.
-    A single process gets a group of its own (a private file rendezvous): every strategy runs on FSDP2.
+    A single process gets a group of its own (a private file rendezvous), for FSDP2 on a mesh of one and for
+    torch.distributed.checkpoint.
     """
     use_gpu = cfg.strategy.use_gpu
     if use_gpu and not torch.cuda.is_available():
@@ -108,8 +113,26 @@ def keeps_blocks_gathered(shard_size: int, offload: bool, frozen_in_fsdp: bool) 
     return shard_size == 1 and not offload and not frozen_in_fsdp
 
 
-def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    """Shard each transformer block, then the rest; in place (the module keeps its class)."""
+def shards_with_fsdp(cfg: JobConfig) -> bool:
+    """Whether FSDP2 wraps the model: on every strategy but `single`, and on `single` when it offloads (FSDP2
+    is what keeps the states on the host). A `single` run has nothing to shard or reduce, so it trains the
+    plain module with `MasterWeights`: FSDP2's per-block hooks and the optimizer's dispatch over DTensors are
+    host time that launch-bound steps (GPT-2 124M on an H200) wait on."""
+    return cfg.strategy.type != "single" or cfg.strategy.cpu_offload
+
+
+def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> tuple[torch.nn.Module, MasterWeights]:
+    """The model on its device, sharded or not (in place: the module keeps its class), and the weights its
+    optimizer steps."""
+    if not shards_with_fsdp(cfg):
+        model = model.to(dist.device)
+        return model, MasterWeights(model, compute_dtype(cfg, dist.device))
+    return shard_model(cfg, model, dist), MasterWeights(model, None)
+
+
+def shard_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """FSDP2: each transformer block sharded, then the rest; fp32 master weights, bf16 compute copies, fp32
+    gradient reduction."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -140,8 +163,88 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.M
     return model
 
 
+class MasterWeights:
+    """The trainable parameters an optimizer steps, for a model that computes in another dtype without FSDP.
+
+    Each trainable parameter keeps its fp32 original (the master: stepped, checkpointed, exported) while a
+    copy in the compute dtype stands in the module for forward, backward and evaluation. As soon as autograd
+    has accumulated a copy's gradient (its last use in that backward), the gradient is folded into the
+    master's fp32 one (summed over micro-batches in fp32) and freed, and on the step's last micro-batch so is
+    the copy's storage; after the step every copy is made again from its master. This is FSDP2's mixed
+    precision on a shard of one: the same casts and sums (so the same numbers), and the same memory where a
+    step peaks (every copy held when backward starts; when the last one ends, the masters' fp32 gradients
+    and no copy, as FSDP2 reshards).
+
+    Built with `dtype=None` (FSDP2 keeps its own masters) or where the parameters already are in the compute
+    dtype, it holds no copies: `trainable` are the module's own parameters and the rest does nothing.
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None):
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self._slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter, torch.nn.Parameter]] = []
+        self._masters: list[torch.nn.Parameter] = []
+        self._copies: list[torch.nn.Parameter] = []
+        if dtype is None:
+            return
+        for p in model.parameters():  # a frozen weight needs no master: it computes in the compute dtype
+            if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+        copies: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
+        for master in self.trainable:
+            if master.dtype != dtype:
+                copy = torch.nn.Parameter(master.detach().to(dtype))
+                copy.register_post_accumulate_grad_hook(self._folding_into(master))
+                copies[master] = copy
+        for module in model.modules():  # every slot of a parameter, tied ones (embeddings and head) included
+            for name, p in module._parameters.items():
+                if p is not None and p in copies:
+                    self._slots.append((module, name, p, copies[p]))
+        self._masters, self._copies = list(copies), list(copies.values())
+        self._free_folded = False
+        self._install(masters=False)
+
+    def last_micro_batch(self, last: bool) -> None:
+        """Whether the backward to come is the step's last: then each copy is freed once its gradient is
+        folded (the micro-batches before it compute on the copies again)."""
+        self._free_folded = last
+
+    def _install(self, masters: bool) -> None:
+        for module, name, master, copy in self._slots:
+            module._parameters[name] = master if masters else copy
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Every compute copy from its master (after a step, or after a checkpoint was read into them)."""
+        for copy in self._copies:
+            storage = copy.untyped_storage()
+            if storage.size() == 0:  # freed once its gradient was folded
+                storage.resize_(copy.nbytes)
+        if self._copies:
+            torch._foreach_copy_(self._copies, self._masters)
+
+    def _folding_into(self, master: torch.nn.Parameter):
+        def fold(copy: torch.nn.Parameter) -> None:
+            if master.grad is None:
+                master.grad = copy.grad.to(master.dtype)
+            else:
+                master.grad.add_(copy.grad)
+            copy.grad = None
+            if self._free_folded:  # nothing reads it again before `refresh`
+                copy.untyped_storage().resize_(0)
+        return fold
+
+    @contextlib.contextmanager
+    def masters_installed(self) -> Iterator[None]:
+        """The masters in the module, for what reads or writes its weights as trained (checkpoints, export)."""
+        self._install(masters=True)
+        try:
+            yield
+        finally:
+            self._install(masters=False)
+
+
 def one_gpu_shards(model: torch.nn.Module, shard_size: int, offload: bool, dtype: torch.dtype) -> dict:
-    """FSDP2 options where each shard is a whole GPU's copy (single, DDP): frozen weights already in the
+    """FSDP2 options where each shard is a whole GPU's copy (DDP, FSDP on one rank): frozen weights in the
     compute dtype (a LoRA base in bf16; identical on every replica) need no gathering, no reduction, no
     cast and no optimizer, so they stay plain tensors outside FSDP instead of being copied into a gathered
     buffer for every block's forward and backward. Frozen weights in another dtype stay in FSDP, which

@@ -49,7 +49,7 @@ from tunewright_jobs.kernels import (
 from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts, transformer_blocks
-from tunewright_jobs.parallel import Dist, gradient_sync, wrap_model
+from tunewright_jobs.parallel import Dist, MasterWeights, gradient_sync, wrap_model
 from tunewright_jobs.telemetry import (
     CheckpointRecord,
     EndRecord,
@@ -87,11 +87,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_optimizer(cfg: JobConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
+    for p in params:
+        (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
     groups = [{"params": decay, "weight_decay": cfg.hyperparameters.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     # One fused kernel per parameter group, which also clips (`clip_gradients`). Offloaded parameters (on the
@@ -147,8 +146,8 @@ def to_device(batch: Rows, device: torch.device, kernels: Kernels) -> dict[str, 
 # --- one optimizer step ------------------------------------------------------------------------------
 
 
-def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: Dist, kernels: Kernels,
-               timer: PhaseTimer) -> StepStats:
+def train_step(cfg: JobConfig, model, masters: MasterWeights, optimizer, scheduler, batch: Rows, dist: Dist,
+               kernels: Kernels, timer: PhaseTimer) -> StepStats:
     """Forward/backward over this rank's micro-batches, then clip and step.
 
     The loss is the mean over every labelled token of the global batch (all micro-batches, all ranks),
@@ -164,16 +163,17 @@ def train_step(cfg: JobConfig, model, optimizer, scheduler, batch: Rows, dist: D
     total = torch.zeros((), device=dist.device)
     for i, mb in enumerate(mbs):
         gradient_sync(model, cfg, last_micro_batch=i == len(mbs) - 1)
+        masters.last_micro_batch(i == len(mbs) - 1)
         loss = loss_sum(model, mb, kernels)
         (loss * scale).backward()
         total += loss.detach()
     timer.mark("forward_backward")
-    params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = clip_gradients(optimizer, params, cfg.hyperparameters.max_grad_norm)
+    grad_norm = clip_gradients(optimizer, masters.trainable, cfg.hyperparameters.max_grad_norm)
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
-    scheduler.step()
     optimizer.zero_grad(set_to_none=True)
+    masters.refresh()  # after the gradients are freed: the copies take their place
+    scheduler.step()
     timer.mark("optimizer")
     return StepStats(total, targets, int(batch.real_tokens.sum()), grad_norm.detach(), lr)
 
@@ -238,18 +238,20 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     stop_ids = stop_token_ids(tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)
     kernels = prepare_kernels(cfg, model, dist.device)
     blocks = transformer_blocks(model)  # found by class name, which sharding changes
-    model = wrap_model(cfg, model, dist)
+    model, masters = wrap_model(cfg, model, dist)
     if kernels.compile_blocks:
         compile_blocks(blocks)
     seed_everything(hp.seed + 1 + dist.rank)
     model.train()
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg, masters.trainable)
     scheduler = build_scheduler(cfg, optimizer, steps)
 
     start_step = 0
     with runtime.checkpoints.latest() as path:
         if path is not None:
-            state = ckpt.read_checkpoint(path, model, optimizer, scheduler, dist)
+            with masters.masters_installed():
+                state = ckpt.read_checkpoint(path, model, optimizer, scheduler, dist)
+            masters.refresh()
             start_step = state["step"]
             log.info("resumed from %s at step %d", path, start_step)
 
@@ -279,8 +281,9 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
                          "step_in_epoch": step % batches.steps_per_epoch, "total_steps": steps,
                          "world_size": dist.world_size, "config_name": cfg.name}
         started = time.perf_counter()
-        runtime.checkpoints.save(step, {"step": step, "loss": train_loss}, lambda p: ckpt.write_checkpoint(
-            p, model, optimizer, scheduler, trainer_state, dist))
+        with masters.masters_installed():
+            runtime.checkpoints.save(step, {"step": step, "loss": train_loss}, lambda p: ckpt.write_checkpoint(
+                p, model, optimizer, scheduler, trainer_state, dist))
         sink.emit(CheckpointRecord(step=step, uri=runtime.checkpoints.location(step), train_loss=train_loss,
                                    keep_last=cfg.checkpoint.keep_last, seconds=time.perf_counter() - started))
 
@@ -301,7 +304,7 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
             profiler.begin(step)
             if delay:
                 time.sleep(delay)
-            window.append(train_step(cfg, model, optimizer, scheduler, batch, dist, kernels, timer))
+            window.append(train_step(cfg, model, masters, optimizer, scheduler, batch, dist, kernels, timer))
             done = step + 1
             if step == start_step:
                 # The model, the compiled blocks and everything imported are built now: out of the collector's
@@ -336,7 +339,8 @@ def train(cfg: JobConfig, runtime: Runtime) -> dict:
     if cfg.checkpoint.final:
         if start_step < steps:  # resumed from the final checkpoint itself: saving it again would collide
             save(steps)
-        exported = export_final(cfg, model, tokenizer, dist)
+        with masters.masters_installed():
+            exported = export_final(cfg, model, tokenizer, dist)
     end = EndRecord(step=steps, steps=steps, final_loss=train_loss, eval_before=eval_before, eval_after=eval_after,
                     export=exported, strategy=cfg.strategy.type, workers=dist.world_size,
                     resumed_from_step=start_step)

@@ -55,6 +55,16 @@ def test_cpu_offload_trains_like_the_gpu_resident_run(tiny_models, tmp_path, sin
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"], result
 
 
+def test_single_trains_as_fsdp2_on_a_mesh_of_one(tiny_models, tmp_path, single_gpu_full):
+    """`single` (the plain module on fp32 masters, every fast path on) against FSDP2 on one GPU: the same
+    curve within the run-to-run noise of CUDA's kernels."""
+    reference, _ = single_gpu_full
+    cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
+                      hyperparameters={"max_steps": 20, "learning_rate": 2e-3}, strategy={"type": "fsdp"})
+    train_without_ray(cfg)
+    assert [r.loss for r in metrics(cfg)] == pytest.approx([r.loss for r in metrics(reference)], rel=2e-3)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp"])
 def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
     if torch.cuda.device_count() < 2:

@@ -14,10 +14,10 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.jobs.conftest import make_config, metrics, python_path, write_config
+from tests.jobs.conftest import make_config, merge, metrics, python_path, write_config
 from tunewright_jobs.data import DatasetError
 from tunewright_jobs.evaluate import validation_metrics
-from tunewright_jobs.parallel import Dist
+from tunewright_jobs.parallel import Dist, MasterWeights
 from tunewright_jobs.run import main, train_with_ray, train_without_ray
 from tunewright_jobs.train import preflight
 
@@ -170,6 +170,74 @@ def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
     # past updates of sharded parameters (DTensors) clipped inside the fused optimizer
     assert metrics(sharded)[-1].loss == pytest.approx(metrics(single)[-1].loss, rel=1e-5)
     assert metrics(sharded)[-1].grad_norm == pytest.approx(metrics(single)[-1].grad_norm, rel=1e-4)
+
+
+@pytest.mark.parametrize(("model", "method"), [("gpt2", "full"), ("llama", "lora")])
+def test_single_masters_compute_what_fsdp2s_mixed_precision_does(tiny_models, tmp_path, model, method):
+    """bf16 compute on fp32 masters: `single` (the plain module, parallel.MasterWeights) against FSDP2 on a mesh
+    of one, over steps with two accumulated micro-batches and (GPT-2) tied embeddings and head: the same casts
+    and sums, so the same losses, norms and exported weights."""
+    overrides = dict(method={"type": method}, hyperparameters={"max_steps": 4, "global_batch_size": 4},
+                     strategy={"micro_batch_size": 2, "precision": "bf16"}, eval={"max_batches": 1})
+    single = make_config(tiny_models[model], tmp_path / "single", **overrides)
+    sharded = make_config(tiny_models[model], tmp_path / "fsdp", **merge(overrides, {"strategy": {"type": "fsdp"}}))
+    train_without_ray(single)
+    train_without_ray(sharded)
+    assert [(r.loss, r.grad_norm) for r in metrics(single)] == [(r.loss, r.grad_norm) for r in metrics(sharded)]
+    assert metrics(single)[-1].loss < metrics(single)[0].loss
+    exported = "adapter/adapter_model.safetensors" if method == "lora" else "model/model.safetensors"
+    a, b = (load_file(Path(c.output_dir) / "final" / exported) for c in (single, sharded))
+    assert a.keys() == b.keys() and all(a[k].dtype == torch.float32 for k in a)  # the masters, not the copies
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)
+
+
+def test_master_weights_free_their_copies_after_the_steps_last_backward_only():
+    """Copies stand in the module; each gradient lands on its fp32 master, summed over micro-batches; the
+    last micro-batch's backward frees every copy (FSDP2's resharding), and `refresh` makes them again."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    originals = list(model.parameters())
+    masters = MasterWeights(model, torch.bfloat16)
+    copies = list(model.parameters())
+    assert all(t is o for t, o in zip(masters.trainable, originals, strict=True))
+    assert all(c.dtype == torch.bfloat16 and c is not o for c, o in zip(copies, originals, strict=True))
+    x = torch.randn(3, 4).bfloat16()
+    first = None
+    for last in (False, True):  # the same micro-batch twice: the masters' gradients double
+        masters.last_micro_batch(last)
+        assert all(c.untyped_storage().size() == c.nbytes for c in copies)  # the forward computes on them
+        model(x).sum().backward()
+        assert all(c.grad is None for c in copies)  # folded, not held
+        first = first or [o.grad.clone() for o in originals]
+    assert all(c.untyped_storage().size() == 0 for c in copies)
+    for o, g in zip(originals, first, strict=True):
+        assert o.grad.dtype == torch.float32 and torch.equal(o.grad, 2 * g)
+    with torch.no_grad():
+        for o in originals:
+            o.add_(1.0)
+    masters.refresh()
+    assert all(torch.equal(c, o.detach().bfloat16()) for c, o in zip(copies, originals, strict=True))
+    with masters.masters_installed():
+        assert all(p is o for p, o in zip(model.parameters(), originals, strict=True))
+    assert all(p is c for p, c in zip(model.parameters(), copies, strict=True))
+
+
+def test_single_with_masters_resumes_exactly(tiny_models, tmp_path):
+    """A run resumed from a bf16 `single` checkpoint continues from the masters it saved, with its compute
+    copies refreshed from them: the same steps as a run never stopped."""
+    def config(out: Path, steps: int):
+        return make_config(tiny_models["gpt2"], out, method={"type": "full"},
+                           hyperparameters={"max_steps": steps, "lr_schedule": "constant"},
+                           strategy={"precision": "bf16"}, checkpoint={"storage": str(tmp_path / "ckpt")},
+                           eval={"max_batches": 1})
+    train_without_ray(config(tmp_path / "first", 3))
+    resumed = config(tmp_path / "resumed", 6)
+    assert train_without_ray(resumed)["resumed_from_step"] == 3
+    straight = make_config(tiny_models["gpt2"], tmp_path / "straight",
+                           **{**config(tmp_path, 6).model_dump(include={"method", "hyperparameters", "strategy"}),
+                              "eval": {"max_batches": 1}})
+    train_without_ray(straight)
+    assert [r.loss for r in metrics(resumed)] == [r.loss for r in metrics(straight)][3:]
 
 
 def test_a_records_time_is_its_steps_time(tiny_models, tmp_path, monkeypatch):

@@ -63,8 +63,8 @@ class Layout:
 class Calibration:
     """Constants that kernels decide, fitted on measured runs of the smallest models (calibration_fit.py).
 
-    Every strategy runs the same mixed-precision path (FSDP2: fp32 master, bf16 compute), so the rates
-    depend on the model family alone.
+    Every strategy runs the same mixed precision (fp32 masters, bf16 compute: FSDP2's, or on `single` the
+    runtime's own with the same casts), so the rates depend on the model family alone.
     """
 
     act_bytes_per_hidden: dict[str, float]  # kept for backward, per token per layer per unit of hidden size
@@ -145,9 +145,9 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
 
 
 def gathers_weights(w: Workload, layout: Layout) -> bool:
-    """Whether FSDP holds the weights, computing on gathered bf16 copies: always for full fine-tuning (fp32
-    masters); for a frozen LoRA base only when sharded or offloaded (jobs' parallel.one_gpu_shards keeps a
-    bf16 base on one-GPU shards out of FSDP, as plain tensors, so nothing is gathered)."""
+    """Whether the weights are computed on bf16 copies of them: always for full fine-tuning (fp32 masters);
+    for a frozen LoRA base only when FSDP shards or offloads it (jobs' parallel.one_gpu_shards keeps a bf16
+    base on one-GPU shards out of FSDP, as plain tensors, and `single` computes on it as it is)."""
     return w.method == "full" or layout.shard_group > 1 or layout.cpu_offload
 
 
@@ -165,10 +165,12 @@ def host_state_bytes(w: Workload, layout: Layout) -> float:
 def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     """States on the GPU through forward and backward: the sharded ones (unless offloaded); the blocks being
     computed, gathered in bf16 (current and prefetched; with shards of one GPU too, FSDP2 computes on a bf16
-    copy); and the root unit (embeddings, head, final norm: jobs' parallel.wrap_model shards the blocks, then
-    the rest as one unit), gathered in bf16 at the start of forward and kept so until backward ends (FSDP2
-    does not reshard its root after forward). On shards of one GPU (not offloaded) every block's copy is
-    kept from its forward to its backward (jobs' parallel.wrap_model: nothing to free there but a copy)."""
+    copy); and the root unit (embeddings, head, final norm: jobs'
+    parallel.shard_model shards the blocks, then the rest as one unit), gathered in bf16 at the start of
+    forward and kept so until backward ends (FSDP2 does not reshard its root after forward). On shards of one
+    GPU (not offloaded) every block's copy is kept from its forward to its backward (parallel.shard_model:
+    nothing to free there but a copy); `single`'s compute copies (parallel.MasterWeights) are the same
+    bytes."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
@@ -183,8 +185,9 @@ def end_of_backward_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     gradient, fp32 and sharded like its master (FSDP2 reduce-scatters in fp32 into the master's dtype; with
     offload they land on the host); and the reduction of the root unit, the last of the step: its gradients
     unsharded in bf16 (the head's made at the start of backward and held until the root's post-backward)
-    copied into an fp32 reduce-scatter input. The blocks are resharded by then, their last reduce-scatter
-    buffer released."""
+    copied into an fp32 reduce-scatter input (`single` folds the same bf16 gradient into its master's). The
+    blocks are resharded by then, their last reduce-scatter buffer released (`single` frees each compute
+    copy once its gradient is folded)."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if not layout.cpu_offload and layout.grad_accum == 1:  # accumulated ones are states already
         out[GRADIENTS] = FP32 * w.trainable_params / layout.shard_group
@@ -304,7 +307,8 @@ class Collectives:
 
 
 def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
-    """Seconds of collectives per optimizer step, as the runtime issues them (every strategy is FSDP2)."""
+    """Seconds of collectives per optimizer step, as the runtime issues them (FSDP2, on every strategy with
+    more than one rank)."""
     inter = pool.inter_node or pool.intra_node
     # a ring over several nodes runs at its slowest hop (of equal bandwidths, the one of higher latency)
     world_link = (min(pool.intra_node, inter, key=lambda link: (link.bus_bytes_per_s, -link.latency_s))
