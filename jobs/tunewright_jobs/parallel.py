@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +93,8 @@ def mesh_shape(cfg: JobConfig, world_size: int) -> tuple[int, ...]:
     """The device mesh each strategy shards over: (shard,) or (replicate, shard).
 
     DDP is FSDP2 with shards of one GPU (parameters replicated, gradients all-reduced), so that every
-    strategy shares one mixed-precision path: fp32 master weights, bf16 compute, fp32 reduction.
+    strategy of several ranks shares one mixed-precision path: fp32 master weights, bf16 compute, fp32
+    reduction (`single`'s `MasterWeights` does the same casts and sums).
     """
     kind = cfg.strategy.type
     if kind == "ddp":
@@ -115,19 +116,28 @@ def keeps_blocks_gathered(shard_size: int, offload: bool, frozen_in_fsdp: bool) 
 
 def shards_with_fsdp(cfg: JobConfig) -> bool:
     """Whether FSDP2 wraps the model: on every strategy but `single`, and on `single` when it offloads (FSDP2
-    is what keeps the states on the host). A `single` run has nothing to shard or reduce, so it trains the
-    plain module with `MasterWeights`: FSDP2's per-block hooks and the optimizer's dispatch over DTensors are
-    host time that launch-bound steps (GPT-2 124M on an H200) wait on."""
-    return cfg.strategy.type != "single" or cfg.strategy.cpu_offload
+    is what keeps the states on the host) or computes in a wider dtype than its frozen base's (fp32 compute
+    on a bf16 LoRA base: FSDP2 casts a block at a time, where the plain module would hold the whole base
+    widened). Otherwise a `single` run has nothing to shard or reduce, so it trains the plain module with
+    `MasterWeights`: FSDP2's per-block hooks and the optimizer's dispatch over DTensors are host time that
+    launch-bound steps (GPT-2 124M on an H200) wait on. `fsdp` on one worker is FSDP2's path for the same
+    job."""
+    from tunewright_jobs.model import weights_dtype
+
+    if cfg.strategy.type != "single" or cfg.strategy.cpu_offload:
+        return True
+    device = torch.device("cuda" if cfg.strategy.use_gpu else "cpu")
+    return weights_dtype(cfg).itemsize < compute_dtype(cfg, device).itemsize
 
 
 def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> tuple[torch.nn.Module, MasterWeights]:
     """The model on its device, sharded or not (in place: the module keeps its class), and the weights its
     optimizer steps."""
-    if not shards_with_fsdp(cfg):
-        model = model.to(dist.device)
-        return model, MasterWeights(model, compute_dtype(cfg, dist.device))
-    return shard_model(cfg, model, dist), MasterWeights(model, None)
+    if shards_with_fsdp(cfg):
+        model = shard_model(cfg, model, dist)
+        return model, MasterWeights(model, None)
+    model = model.to(dist.device)
+    return model, MasterWeights(model, compute_dtype(cfg, dist.device))
 
 
 def shard_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
@@ -171,9 +181,10 @@ class MasterWeights:
     has accumulated a copy's gradient (its last use in that backward), the gradient is folded into the
     master's fp32 one (summed over micro-batches in fp32) and freed, and on the step's last micro-batch so is
     the copy's storage; after the step every copy is made again from its master. This is FSDP2's mixed
-    precision on a shard of one: the same casts and sums (so the same numbers), and the same memory where a
+    precision on a shard of one: the same casts and sums (so the same numbers), and no more memory where a
     step peaks (every copy held when backward starts; when the last one ends, the masters' fp32 gradients
-    and no copy, as FSDP2 reshards).
+    and no copy, as FSDP2 reshards). Between the last backward and `refresh` the module's
+    parameters have no storage: `train.train_step` refreshes them on its way out, an exception included.
 
     Built with `dtype=None` (FSDP2 keeps its own masters) or where the parameters already are in the compute
     dtype, it holds no copies: `trainable` are the module's own parameters and the rest does nothing.
@@ -184,9 +195,12 @@ class MasterWeights:
         self._slots: list[tuple[torch.nn.Module, str, torch.nn.Parameter, torch.nn.Parameter]] = []
         self._masters: list[torch.nn.Parameter] = []
         self._copies: list[torch.nn.Parameter] = []
+        self._free_folded = False
         if dtype is None:
             return
-        for p in model.parameters():  # a frozen weight needs no master: it computes in the compute dtype
+        # A frozen weight needs no master: it is cast once to the compute dtype (only ever narrowed: a wider
+        # compute dtype goes through FSDP2, `shards_with_fsdp`).
+        for p in model.parameters():
             if not p.requires_grad and p.is_floating_point() and p.dtype != dtype:
                 p.data = p.data.to(dtype)
         copies: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
@@ -200,7 +214,6 @@ class MasterWeights:
                 if p is not None and p in copies:
                     self._slots.append((module, name, p, copies[p]))
         self._masters, self._copies = list(copies), list(copies.values())
-        self._free_folded = False
         self._install(masters=False)
 
     def last_micro_batch(self, last: bool) -> None:
@@ -222,7 +235,7 @@ class MasterWeights:
         if self._copies:
             torch._foreach_copy_(self._copies, self._masters)
 
-    def _folding_into(self, master: torch.nn.Parameter):
+    def _folding_into(self, master: torch.nn.Parameter) -> Callable[[torch.nn.Parameter], None]:
         def fold(copy: torch.nn.Parameter) -> None:
             if master.grad is None:
                 master.grad = copy.grad.to(master.dtype)

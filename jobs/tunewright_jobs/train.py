@@ -161,18 +161,20 @@ def train_step(cfg: JobConfig, model, masters: MasterWeights, optimizer, schedul
                                                                         cfg.strategy.micro_batch_size)]
     timer.start_step()
     total = torch.zeros((), device=dist.device)
-    for i, mb in enumerate(mbs):
-        gradient_sync(model, cfg, last_micro_batch=i == len(mbs) - 1)
-        masters.last_micro_batch(i == len(mbs) - 1)
-        loss = loss_sum(model, mb, kernels)
-        (loss * scale).backward()
-        total += loss.detach()
-    timer.mark("forward_backward")
-    grad_norm = clip_gradients(optimizer, masters.trainable, cfg.hyperparameters.max_grad_norm)
-    lr = scheduler.get_last_lr()[0]
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    masters.refresh()  # after the gradients are freed: the copies take their place
+    try:
+        for i, mb in enumerate(mbs):
+            gradient_sync(model, cfg, last_micro_batch=i == len(mbs) - 1)
+            masters.last_micro_batch(i == len(mbs) - 1)
+            loss = loss_sum(model, mb, kernels)
+            (loss * scale).backward()
+            total += loss.detach()
+        timer.mark("forward_backward")
+        grad_norm = clip_gradients(optimizer, masters.trainable, cfg.hyperparameters.max_grad_norm)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    finally:
+        masters.refresh()  # after the gradients are freed, the copies take their place; after a failure too
     scheduler.step()
     timer.mark("optimizer")
     return StepStats(total, targets, int(batch.real_tokens.sum()), grad_norm.detach(), lr)

@@ -14,10 +14,11 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.jobs.conftest import make_config, merge, metrics, python_path, write_config
+from tests.jobs.conftest import base_config, make_config, merge, metrics, python_path, write_config
+from tunewright_jobs.config import JobConfig
 from tunewright_jobs.data import DatasetError
 from tunewright_jobs.evaluate import validation_metrics
-from tunewright_jobs.parallel import Dist, MasterWeights
+from tunewright_jobs.parallel import Dist, MasterWeights, shards_with_fsdp
 from tunewright_jobs.run import main, train_with_ray, train_without_ray
 from tunewright_jobs.train import preflight
 
@@ -172,13 +173,16 @@ def test_fsdp_in_one_process_matches_single(tiny_models, tmp_path):
     assert metrics(sharded)[-1].grad_norm == pytest.approx(metrics(single)[-1].grad_norm, rel=1e-4)
 
 
-@pytest.mark.parametrize(("model", "method"), [("gpt2", "full"), ("llama", "lora")])
-def test_single_masters_compute_what_fsdp2s_mixed_precision_does(tiny_models, tmp_path, model, method):
+@pytest.mark.parametrize(("model", "method", "recompute"), [("gpt2", "full", False), ("llama", "lora", False),
+                                                           ("gpt2", "full", True)])
+def test_single_masters_compute_what_fsdp2s_mixed_precision_does(tiny_models, tmp_path, model, method, recompute):
     """bf16 compute on fp32 masters: `single` (the plain module, parallel.MasterWeights) against FSDP2 on a mesh
-    of one, over steps with two accumulated micro-batches and (GPT-2) tied embeddings and head: the same casts
-    and sums, so the same losses, norms and exported weights."""
+    of one, over steps with two accumulated micro-batches, (GPT-2) tied embeddings and head, and with
+    activation checkpointing (the copies read again in backward): the same casts and sums, so the same
+    losses, norms and exported weights."""
     overrides = dict(method={"type": method}, hyperparameters={"max_steps": 4, "global_batch_size": 4},
-                     strategy={"micro_batch_size": 2, "precision": "bf16"}, eval={"max_batches": 1})
+                     strategy={"micro_batch_size": 2, "precision": "bf16", "activation_checkpointing": recompute},
+                     eval={"max_batches": 1})
     single = make_config(tiny_models[model], tmp_path / "single", **overrides)
     sharded = make_config(tiny_models[model], tmp_path / "fsdp", **merge(overrides, {"strategy": {"type": "fsdp"}}))
     train_without_ray(single)
@@ -195,22 +199,25 @@ def test_single_masters_compute_what_fsdp2s_mixed_precision_does(tiny_models, tm
 def test_master_weights_free_their_copies_after_the_steps_last_backward_only():
     """Copies stand in the module; each gradient lands on its fp32 master, summed over micro-batches; the
     last micro-batch's backward frees every copy (FSDP2's resharding), and `refresh` makes them again."""
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1), torch.nn.Linear(1, 1))
+    unused = model[2]  # trainable, yet no gradient reaches it: its copy is never freed, nor needs to be
     originals = list(model.parameters())
     masters = MasterWeights(model, torch.bfloat16)
     copies = list(model.parameters())
     assert all(t is o for t, o in zip(masters.trainable, originals, strict=True))
     assert all(c.dtype == torch.bfloat16 and c is not o for c, o in zip(copies, originals, strict=True))
+    used = copies[:4]
     x = torch.randn(3, 4).bfloat16()
     first = None
     for last in (False, True):  # the same micro-batch twice: the masters' gradients double
         masters.last_micro_batch(last)
         assert all(c.untyped_storage().size() == c.nbytes for c in copies)  # the forward computes on them
-        model(x).sum().backward()
+        model[1](model[0](x)).sum().backward()
         assert all(c.grad is None for c in copies)  # folded, not held
-        first = first or [o.grad.clone() for o in originals]
-    assert all(c.untyped_storage().size() == 0 for c in copies)
-    for o, g in zip(originals, first, strict=True):
+        first = first or [o.grad.clone() for o in originals[:4]]
+    assert all(c.untyped_storage().size() == 0 for c in used)
+    assert all(p.untyped_storage().size() == p.nbytes and p.grad is None for p in unused.parameters())
+    for o, g in zip(originals, first, strict=False):
         assert o.grad.dtype == torch.float32 and torch.equal(o.grad, 2 * g)
     with torch.no_grad():
         for o in originals:
@@ -220,6 +227,20 @@ def test_master_weights_free_their_copies_after_the_steps_last_backward_only():
     with masters.masters_installed():
         assert all(p is o for p, o in zip(model.parameters(), originals, strict=True))
     assert all(p is c for p, c in zip(model.parameters(), copies, strict=True))
+
+
+@pytest.mark.parametrize(("strategy", "dtype", "fsdp"), [
+    ({}, None, False),  # the CPU: fp32 throughout
+    ({"use_gpu": True}, None, False),  # a bf16 LoRA base, bf16 compute
+    ({"use_gpu": True, "precision": "fp32"}, None, True),  # fp32 compute would widen the whole bf16 base
+    ({"use_gpu": True, "precision": "fp32"}, "float32", False),
+    ({"use_gpu": True, "cpu_offload": True}, None, True),  # FSDP2 is what offloads
+    ({"type": "fsdp"}, None, True),  # FSDP2's path on one worker
+])
+def test_single_trains_the_plain_module_unless_fsdp2_is_what_the_job_needs(strategy, dtype, fsdp):
+    model = {"source": "/models/any"} | ({"dtype": dtype} if dtype else {})
+    cfg = JobConfig.from_dict(base_config(Path("/models/any"), Path("/out"), model=model, strategy=strategy))
+    assert shards_with_fsdp(cfg) is fsdp
 
 
 def test_single_with_masters_resumes_exactly(tiny_models, tmp_path):

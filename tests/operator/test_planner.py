@@ -156,8 +156,9 @@ def test_prediction_error_on_measured_runs_within_targets():
 
 def test_the_calibration_predicts_single_on_fp32_masters_within_its_targets():
     """The fit set's one-GPU runs re-measured after `single` left FSDP2 for the plain module on fp32 masters
-    (jobs' parallel.MasterWeights): the calibration fitted on the runtime before still predicts them within the
-    targets above (the steps of GPT-2's host-bound runs moved most: 1.09x and 1.25x faster)."""
+    (jobs' parallel.MasterWeights; six of them on a variant that kept the copies to the end of the step, the
+    file says which): the calibration fitted on the runtime before still predicts them within the targets
+    above (the steps of GPT-2's host-bound runs moved most: 1.09x and 1.25x faster)."""
     rows = calibration_fit.compare(calibration_fit.load_measurements([SINGLE_ON_MASTERS]), CAL, H200)
     assert len(rows) == 7
     assert statistics.median(abs(r["step_error"]) for r in rows) <= 0.10

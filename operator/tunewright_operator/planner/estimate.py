@@ -147,7 +147,7 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
 def gathers_weights(w: Workload, layout: Layout) -> bool:
     """Whether the weights are computed on bf16 copies of them: always for full fine-tuning (fp32 masters);
     for a frozen LoRA base only when FSDP shards or offloads it (jobs' parallel.one_gpu_shards keeps a bf16
-    base on one-GPU shards out of FSDP, as plain tensors, and `single` computes on it as it is)."""
+    base on one-GPU shards out of FSDP, as plain tensors, and `single` computes on it in place)."""
     return w.method == "full" or layout.shard_group > 1 or layout.cpu_offload
 
 
@@ -165,12 +165,11 @@ def host_state_bytes(w: Workload, layout: Layout) -> float:
 def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     """States on the GPU through forward and backward: the sharded ones (unless offloaded); the blocks being
     computed, gathered in bf16 (current and prefetched; with shards of one GPU too, FSDP2 computes on a bf16
-    copy); and the root unit (embeddings, head, final norm: jobs'
-    parallel.shard_model shards the blocks, then the rest as one unit), gathered in bf16 at the start of
-    forward and kept so until backward ends (FSDP2 does not reshard its root after forward). On shards of one
-    GPU (not offloaded) every block's copy is kept from its forward to its backward (parallel.shard_model:
-    nothing to free there but a copy); `single`'s compute copies (parallel.MasterWeights) are the same
-    bytes."""
+    copy); and the root unit (embeddings, head, final norm: jobs' parallel.shard_model shards the blocks,
+    then the rest as one unit), gathered in bf16 at the start of forward and kept so until backward ends
+    (FSDP2 does not reshard its root after forward). On shards of one GPU (not offloaded) every block's copy
+    is kept from its forward to its backward (parallel.shard_model: nothing to free there but a copy);
+    `single`'s compute copies (parallel.MasterWeights) are the same bytes."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
@@ -185,9 +184,9 @@ def end_of_backward_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     gradient, fp32 and sharded like its master (FSDP2 reduce-scatters in fp32 into the master's dtype; with
     offload they land on the host); and the reduction of the root unit, the last of the step: its gradients
     unsharded in bf16 (the head's made at the start of backward and held until the root's post-backward)
-    copied into an fp32 reduce-scatter input (`single` folds the same bf16 gradient into its master's). The
-    blocks are resharded by then, their last reduce-scatter buffer released (`single` frees each compute
-    copy once its gradient is folded)."""
+    copied into an fp32 reduce-scatter input. The blocks are resharded by then, their last reduce-scatter
+    buffer released. `single` (parallel.MasterWeights) holds no more: it folds each bf16 gradient into its
+    master's as backward makes it (no reduce-scatter input) and frees each compute copy there."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if not layout.cpu_offload and layout.grad_accum == 1:  # accumulated ones are states already
         out[GRADIENTS] = FP32 * w.trainable_params / layout.shard_group
