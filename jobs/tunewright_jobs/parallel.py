@@ -183,8 +183,8 @@ class MasterWeights:
     the copy's storage; after the step every copy is made again from its master. This is FSDP2's mixed
     precision on a shard of one: the same casts and sums (so the same numbers), and no more memory where a
     step peaks (every copy held when backward starts; when the last one ends, the masters' fp32 gradients
-    and no copy, as FSDP2 reshards). Between the last backward and `refresh` the module's
-    parameters have no storage: `train.train_step` refreshes them on its way out, an exception included.
+    and no copy, as FSDP2 reshards). Between the last backward and `refresh` the module's parameters have
+    no storage: `train.train_step` refreshes them on its way out, an exception included.
 
     Built with `dtype=None` (FSDP2 keeps its own masters) or where the parameters already are in the compute
     dtype, it holds no copies: `trainable` are the module's own parameters and the rest does nothing.

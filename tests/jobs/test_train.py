@@ -246,17 +246,15 @@ def test_single_trains_the_plain_module_unless_fsdp2_is_what_the_job_needs(strat
 def test_single_with_masters_resumes_exactly(tiny_models, tmp_path):
     """A run resumed from a bf16 `single` checkpoint continues from the masters it saved, with its compute
     copies refreshed from them: the same steps as a run never stopped."""
-    def config(out: Path, steps: int):
+    def config(out: Path, steps: int, storage: Path):
         return make_config(tiny_models["gpt2"], out, method={"type": "full"},
                            hyperparameters={"max_steps": steps, "lr_schedule": "constant"},
-                           strategy={"precision": "bf16"}, checkpoint={"storage": str(tmp_path / "ckpt")},
+                           strategy={"precision": "bf16"}, checkpoint={"storage": str(storage)},
                            eval={"max_batches": 1})
-    train_without_ray(config(tmp_path / "first", 3))
-    resumed = config(tmp_path / "resumed", 6)
+    train_without_ray(config(tmp_path / "first", 3, tmp_path / "ckpt"))
+    resumed = config(tmp_path / "resumed", 6, tmp_path / "ckpt")
     assert train_without_ray(resumed)["resumed_from_step"] == 3
-    straight = make_config(tiny_models["gpt2"], tmp_path / "straight",
-                           **{**config(tmp_path, 6).model_dump(include={"method", "hyperparameters", "strategy"}),
-                              "eval": {"max_batches": 1}})
+    straight = config(tmp_path / "straight", 6, tmp_path / "straight-ckpt")
     train_without_ray(straight)
     assert [r.loss for r in metrics(resumed)] == [r.loss for r in metrics(straight)][3:]
 
