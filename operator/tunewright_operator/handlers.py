@@ -24,6 +24,7 @@ FINETUNEJOBS = ("tunewright.dev", "v1alpha1", "finetunejobs")
 GPUPOOLS = ("tunewright.dev", "v1alpha1", "gpupools")
 MIRROR_SECONDS = 15.0  # how often a live job's RayJob is read back (RayJob events also wake it at once)
 DISCOVERY_SECONDS = 60.0
+MIN_JOB_TOKEN_KEY = 32
 
 
 @kopf.on.login()
@@ -52,7 +53,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     k8s.load_credentials()
     memo.cluster = k8s.KubernetesCluster()
     memo.locks = {}
+    job_token_key = os.environ.get("TUNEWRIGHT_JOB_TOKEN_KEY", "")
+    if len(job_token_key) < MIN_JOB_TOKEN_KEY:  # the chart makes one (kept across upgrades) in a Secret of its own
+        raise kopf.PermanentError(f"TUNEWRIGHT_JOB_TOKEN_KEY: set it to a random string of at least "
+                                  f"{MIN_JOB_TOKEN_KEY} characters: each job's telemetry token is derived from it")
     memo.settings = ClusterSettings(
+        job_token_key=job_token_key.encode(),
         api_url=os.environ.get("TUNEWRIGHT_API_URL", "http://tunewright-api:8000"),
         ttl_seconds_after_finished=int(os.environ.get("TUNEWRIGHT_TTL_SECONDS_AFTER_FINISHED", "600")),
         default_checkpoint_storage=os.environ.get("TUNEWRIGHT_DEFAULT_CHECKPOINT_STORAGE") or None)

@@ -100,7 +100,7 @@ class KubernetesCluster:
         # a RayJob goes after its Ray cluster (when it is gone, so are the GPUs); a FineTuneJob's own objects
         # are deleted by the operator's finalizer, not left to garbage collection
         policy = "Foreground" if kind == "RayJob" else "Background"
-        self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": policy})
+        return self._call("DELETE", self._path(kind, namespace, name), body={"propagationPolicy": policy}) is not None
 
     def log(self, namespace: str, pod: str, container: str, tail_lines: int) -> str | None:
         """The last lines a pod's container printed (None when the pod is gone or its container has not

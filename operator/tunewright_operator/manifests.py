@@ -9,7 +9,9 @@ image, node selector and tolerations, and the spec's storage URIs become volumes
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
 import json
 import re
 from dataclasses import dataclass, field
@@ -22,12 +24,17 @@ API_VERSION = "tunewright.dev/v1alpha1"
 RAY_VERSION = "2.60.0"  # the Ray the runtime is tested with; the worker image must carry it
 CONFIG_DIR = "/etc/tunewright"
 PVC_ROOT = "/mnt/pvc"
+SUBMITTER_CPU, SUBMITTER_MEMORY = "500m", "1Gi"  # KubeRay's own submitter's figures: `ray job submit`, tailing logs
 HEAD_CPU, HEAD_MEMORY_GIB = 2, 8  # the head runs the Ray driver and the job submitter only
 WORKER_CPU_PER_GPU, WORKER_MEMORY_GIB_PER_GPU = 4, 32  # data loading and host-side work per training process
 SHM_SHARE = 0.25  # of a worker's memory, for /dev/shm (NCCL's buffers, Ray's object store)
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 SPEC_HASH_ANNOTATION = "tunewright.dev/spec-sha256"
 JOB_LABEL = "tunewright.dev/run"  # on everything made for a job: its RayJob's name
+# KubeRay's rules for a RayJob's name (ValidateRayJobMetadata): a DNS-1035 label, at most 47 characters, as
+# KubeRay appends "-" and 5 characters to name its RayCluster and caps RayCluster names at 53
+MAX_RAY_JOB_NAME = 47
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/(?P<path>.*))?$")
 
 
@@ -68,6 +75,9 @@ class ClusterSettings:
     api_url: str  # how workers reach the tunewright API (telemetry)
     ttl_seconds_after_finished: int = 600
     default_checkpoint_storage: str | None = None  # e.g. pvc://tunewright-checkpoints
+    # each job's telemetry token is derived from this key, so the operator never reads a Secret back; only
+    # the operator holds one (the API builds manifests to check them, never to create a job's token)
+    job_token_key: bytes | None = None
 
 
 @dataclass
@@ -119,9 +129,23 @@ def short_hash(text: str, length: int = 6) -> str:
 
 
 def ray_job_name(target: Target) -> str:
-    """Stable for one FineTuneJob (its uid), unique across re-creations under the same name; short enough
-    for KubeRay's derived names (cluster, head service, pods)."""
-    return f"{target.name[:36].rstrip('-.')}-{short_hash(target.uid)}"
+    """Stable for one FineTuneJob (its uid), unique across re-creations under the same name, and valid for
+    KubeRay: a FineTuneJob may be named `llama-3.1-8b` or `8b-lora` (DNS-1123: dots, a leading digit),
+    its RayJob `llama-3-1-8b-<hash>` or `ftj-8b-lora-<hash>` (DNS-1035, at most 47 characters). Names that
+    were valid before map as they always did, so an upgraded operator finds the RayJobs it made."""
+    base = re.sub(r"[^a-z0-9-]", "-", target.name[:36]).rstrip("-")
+    if not base[:1].isalpha():
+        base = f"ftj-{base}".rstrip("-")
+    return f"{base}-{short_hash(target.uid)}"
+
+
+def job_token(settings: ClusterSettings, target: Target) -> str:
+    """The bearer token a job's workers (and the operator, for its summary) show the API: derived from the
+    operator's key and the job's uid, so the operator can make it again without reading the job's Secret."""
+    if not settings.job_token_key:
+        raise ValueError("the operator has no job token key (TUNEWRIGHT_JOB_TOKEN_KEY): it cannot make a job's token")
+    digest = hmac.new(settings.job_token_key, f"telemetry/{target.uid}".encode(), hashlib.sha256).digest()
+    return "tw-" + base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 def owner_reference(target: Target) -> dict:
@@ -222,12 +246,13 @@ def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolS
     scheduling = {"nodeSelector": dict(pool.node_selector),
                   "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in pool.tolerations]}
     # Ray's images run as uid 1000, gid 100; fsGroup makes the checkpoint volume writable for it
+    # no pod of a job calls the API server: none mounts a service account token
     pod_security = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100,
                     "seccompProfile": {"type": "RuntimeDefault"}}
     head = {
         "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
         "template": {"metadata": {"labels": labels(target)}, "spec": {
-            "securityContext": pod_security,
+            "securityContext": pod_security, "automountServiceAccountToken": False,
             "containers": [_container(
                 "ray-head", pool.worker_image,
                 {"requests": {"cpu": str(HEAD_CPU), "memory": f"{HEAD_MEMORY_GIB}Gi"},
@@ -240,7 +265,7 @@ def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolS
         "groupName": "gpu-workers", "replicas": plan.nodes, "minReplicas": plan.nodes, "maxReplicas": plan.nodes,
         "rayStartParams": {},
         "template": {"metadata": {"labels": labels(target)}, "spec": {
-            **scheduling, "securityContext": pod_security,
+            **scheduling, "securityContext": pod_security, "automountServiceAccountToken": False,
             "containers": [_container(
                 "ray-worker", pool.worker_image,
                 {"requests": {"cpu": str(WORKER_CPU_PER_GPU * gpus_per_pod), "memory": memory,
@@ -250,9 +275,21 @@ def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolS
             "volumes": [shm, *volumes.pod_volumes()],
         }},
     }
+    # KubeRay's default submitter pod sets no securityContext, and a namespace enforcing the `restricted`
+    # Pod Security Standard refuses it while the head and workers sit holding GPUs: ours passes. KubeRay
+    # fills in the `ray job submit` command of a submitter container that names none.
+    submitter = {"metadata": {"labels": labels(target)}, "spec": {
+        "restartPolicy": "Never", "securityContext": pod_security, "automountServiceAccountToken": False,
+        "containers": [_container(
+            "ray-job-submitter", pool.worker_image,
+            {"requests": {"cpu": SUBMITTER_CPU, "memory": SUBMITTER_MEMORY},
+             "limits": {"cpu": "1", "memory": SUBMITTER_MEMORY}}, [], [], [])],
+    }}
     queue = {QUEUE_LABEL: spec.resources.queue} if spec.resources.queue else {}
     body = {
         "entrypoint": f"python -m tunewright_jobs.run --config {CONFIG_DIR}/job.json",
+        "submissionMode": "K8sJobMode",
+        "submitterPodTemplate": submitter,
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
         "backoffLimit": spec.resources.max_retries,

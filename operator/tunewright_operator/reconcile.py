@@ -8,10 +8,8 @@ of each object and a consistent status. The operator is the only writer of a Fin
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
-import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -63,8 +61,8 @@ class Cluster(Protocol):
 
     def patch_status(self, kind: str, namespace: str | None, name: str, status: dict) -> None: ...
 
-    def delete(self, kind: str, namespace: str | None, name: str) -> None:
-        """Gone already is fine."""
+    def delete(self, kind: str, namespace: str | None, name: str) -> bool:
+        """Whether it was there: gone already is fine."""
 
     def event(self, regarding: dict, type_: str, reason: str, message: str) -> None: ...
 
@@ -113,7 +111,14 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
         return Outcome(observation.phase, observation.reason, observation.message)
 
     if status.phase in TERMINAL_PHASES:
-        return Outcome(status.phase, "Finished", "nothing to do")
+        if status.observed_generation in (None, generation):
+            return Outcome(status.phase, "Finished", "nothing to do")
+        ended = status.model_copy(update={"observed_generation": generation, "conditions": spec_applied(
+            job, cluster, status, False, "JobEnded", f"the job has ended ({status.phase}): a changed spec runs "
+            "nothing; create a new FineTuneJob (or delete and re-create this one) to run it", generation, now)})
+        cluster.patch_status("FineTuneJob", namespace, name, ended.model_dump(by_alias=True, mode="json",
+                                                                             exclude_none=True))
+        return Outcome(status.phase, "JobEnded", "a spec change after the end was said, not applied")
     if meta.get("deletionTimestamp"):  # being deleted: create nothing more (the finalizer cleans up)
         return Outcome(status.phase or "Pending", "Deleting", "the job is being deleted")
     try:
@@ -151,19 +156,18 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
                           pod_problem=pod_problem_of(cluster, namespace, ray_status))
     start = kubernetes_time(ray_status.get("startTime")) or status.start_time
     end = kubernetes_time(ray_status.get("endTime")) if observation.phase in TERMINAL_PHASES else None
-    progress, telemetry = measured_by_api(summaries, cluster, target, status)
+    progress, telemetry = measured_by_api(summaries, settings, target, status)
     return settle(observation, ray_job_name=ray_job["metadata"]["name"],
                   dashboard_url=ray_status.get("dashboardURL") or status.dashboard_url,
                   start_time=start, completion_time=end, progress=progress,
                   telemetry=with_held_cost(telemetry, plan, cluster, start, end or now))
 
 
-def measured_by_api(summaries: Summaries | None, cluster: Cluster, target: manifests.Target,
+def measured_by_api(summaries: Summaries | None, settings: manifests.ClusterSettings, target: manifests.Target,
                     status: FineTuneJobStatus) -> tuple[JobProgress | None, JobTelemetry | None]:
     """Progress and measured telemetry as the API summarizes the runtime's records (what `tunewright get`
     shows); what the status had when the API has nothing (yet) or cannot be reached. Cost stays ours."""
-    secret = cluster.get("Secret", target.namespace, f"{manifests.ray_job_name(target)}-telemetry") if summaries else None
-    found = summaries(target, secret_token(secret)) if secret else None
+    found = summaries(target, manifests.job_token(settings, target)) if summaries else None
     try:
         progress = JobProgress.model_validate(found["progress"])
         telemetry = JobTelemetry.model_validate(found["telemetry"])
@@ -195,13 +199,20 @@ def note_spec_changes(job: dict, ray_job: dict, spec: FineTuneJobSpec, cluster: 
     """A running job takes only `suspend` from its spec: any other change is said (a condition and one
     Warning event), not silently ignored. Returns the conditions to write."""
     applied = ray_job["metadata"].get("annotations", {}).get(manifests.SPEC_HASH_ANNOTATION) == manifests.spec_hash(spec)
+    if applied:
+        return spec_applied(job, cluster, status, True, "Applied", "the running job matches its spec", generation, now)
+    return spec_applied(job, cluster, status, False, "SpecChangeIgnored", "only spec.suspend can change once the "
+                        "job's RayJob exists; delete and re-create the job to change anything else", generation, now)
+
+
+def spec_applied(job: dict, cluster: Cluster, status: FineTuneJobStatus, applied: bool, reason: str, message: str,
+                 generation: int, now: datetime) -> list:
+    """The SpecApplied condition as it now stands, with one Warning event when a change stops applying
+    (not one per reconcile). Returns the conditions to write."""
     before = next((c for c in status.conditions if c.type == SPEC_APPLIED), None)
     if applied and (before is None or before.status == "True"):
         return status.conditions
-    reason, message = (("Applied", "the running job matches its spec") if applied else
-                       ("SpecChangeIgnored", "only spec.suspend can change once the job's RayJob exists; delete and "
-                                             "re-create the job to change anything else"))
-    if not applied and (before is None or before.status == "True"):
+    if not applied and (before is None or before.status == "True" or before.reason != reason):
         cluster.event(job, "Warning", reason, message)
     return set_condition(status.conditions, SPEC_APPLIED, "True" if applied else "False", reason, message,
                          generation, now)
@@ -275,28 +286,32 @@ def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: 
 
 def create_run(cluster: Cluster, job: dict, target: manifests.Target, spec: FineTuneJobSpec, plan: JobPlan,
                pool: GPUPoolSpec, settings: manifests.ClusterSettings) -> dict:
-    """The Secret, the ConfigMap, then the RayJob (last: it is what the next reconcile looks for)."""
+    """The token's hash on the FineTuneJob, the Secret holding the token, the ConfigMap, then the RayJob
+    (last: it is what the next reconcile looks for). The operator reads neither a Secret nor a ConfigMap (its
+    grant on them is create and delete): one an earlier reconcile left is replaced, which is safe while no
+    RayJob runs with it, and the token is derived again rather than read back."""
     ray_job, config = manifests.ray_job(target, spec, plan, pool, settings)
-    secret = cluster.get("Secret", target.namespace, f"{manifests.ray_job_name(target)}-telemetry")
-    if secret is None:
-        secret = _create(cluster, manifests.telemetry_secret(target, "tw-" + secrets.token_urlsafe(32)))
-    # the API checks the workers' token against this hash (not a secret: a sha256 of 256 random bits)
-    digest = hashlib.sha256(secret_token(secret).encode()).hexdigest()
+    token = manifests.job_token(settings, target)
+    # the API checks the workers' token against this hash (not a secret: a sha256 of 256 pseudo-random bits)
+    digest = hashlib.sha256(token.encode()).hexdigest()
     if job["metadata"].get("annotations", {}).get(TOKEN_HASH_ANNOTATION) != digest:
         cluster.patch("FineTuneJob", target.namespace, target.name,
                       {"metadata": {"annotations": {TOKEN_HASH_ANNOTATION: digest}}})
-    _create(cluster, manifests.config_map(target, config))
+    _replace(cluster, manifests.telemetry_secret(target, token))
+    _replace(cluster, manifests.config_map(target, config))
     created = _create(cluster, ray_job)
     cluster.event(job, "Normal", "RayJobCreated", f"created RayJob {ray_job['metadata']['name']}: {plan.strategy} "
                                                   f"on {plan.gpus} GPU(s), {plan.nodes} node(s)")
     return created
 
 
-def secret_token(secret: dict) -> str:
-    """The token as written (stringData) or as the API server returns it (base64 data)."""
-    if "stringData" in secret:
-        return secret["stringData"]["token"]
-    return base64.b64decode(secret["data"]["token"]).decode()
+def _replace(cluster: Cluster, obj: dict) -> None:
+    """Created, or written over one a reconcile that died left (perhaps from an older spec or another key)."""
+    try:
+        cluster.create(obj)
+    except AlreadyExists:
+        cluster.delete(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        cluster.create(obj)
 
 
 def _create(cluster: Cluster, obj: dict) -> dict:
@@ -323,9 +338,5 @@ def clean_up(job: dict, cluster: Cluster) -> list[str]:
     meta = job["metadata"]
     target = manifests.Target(meta["namespace"], meta["name"], meta["uid"], "")
     name = manifests.ray_job_name(target)
-    deleted = []
-    for kind, object_name in (("RayJob", name), ("ConfigMap", f"{name}-config"), ("Secret", f"{name}-telemetry")):
-        if cluster.get(kind, target.namespace, object_name) is not None:
-            cluster.delete(kind, target.namespace, object_name)
-            deleted.append(f"{kind}/{object_name}")
-    return deleted
+    made = (("RayJob", name), ("ConfigMap", f"{name}-config"), ("Secret", f"{name}-telemetry"))
+    return [f"{kind}/{object_name}" for kind, object_name in made if cluster.delete(kind, target.namespace, object_name)]

@@ -17,12 +17,12 @@ import httpx
 import pytest
 
 from tests.api.conftest import TRAIN, Server, upload
-from tests.support.emulated import Operator, client_for, wait_for
+from tests.support.emulated import Operator, client_for, secret_token, wait_for
 from tunewright_api.backends.kubernetes import TENANT_LABEL, observed, tenant_namespace, tenant_of_namespace
 from tunewright_api.errors import ApiError
 from tunewright_jobs.telemetry import CheckpointRecord, EndRecord, ExportPaths, StartRecord, StepRecord
 from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
-from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION, TOKEN_HASH_ANNOTATION, secret_token
+from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION, TOKEN_HASH_ANNOTATION
 from tunewright_operator.status import Observation, with_condition
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
@@ -253,7 +253,7 @@ def test_what_the_operator_would_refuse_is_refused_at_submit_and_openai_jobs_get
             assert refused.status_code == 422 and refused.json()["error"]["param"] == field, refused.text
         assert cluster.list("FineTuneJob") == []  # nothing half-made
         no_storage = alice.post("/v1/fine_tuning/jobs", json={"model": SPEC["model"]["source"], "training_file": train})
-        assert no_storage.status_code == 422 and "checkpoint.storage" in no_storage.text
+        assert no_storage.status_code == 400 and "checkpoint.storage" in no_storage.text
     with Server(tmp_path / "defaults", backend="kubernetes",
                 kubernetes_checkpoint_storage="pvc://tunewright-checkpoints") as api:
         alice = api.tenant("team-a")

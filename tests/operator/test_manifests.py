@@ -2,15 +2,21 @@
 field pruned, core objects against Kubernetes' schemas, and the runtime config parses with the runtime's
 loader; the plan and the pool decide the pods."""
 
+import hashlib
+import re
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from tests.support.pss import kuberay_pods, restricted_violations
 from tests.support.schemas import errors
 from tunewright_jobs.config import JobConfig
 from tunewright_operator.manifests import (
+    DNS_1035_LABEL,
     ClusterSettings,
     ManifestError,
     Target,
@@ -177,10 +183,63 @@ def test_pod_paths_on_a_claim_read_back_as_the_users_uri(pod_path, uri):
 
 
 @pytest.mark.parametrize("chosen", PLANS, ids=lambda p: f"{p.strategy}-{p.gpus}")
-def test_the_jobs_pods_are_admitted_under_the_restricted_pod_security_standard(chosen):
-    from tests.support.pss import restricted_violations
-
+def test_every_pod_of_a_job_is_admitted_under_the_restricted_pod_security_standard(chosen):
+    """KubeRay's submitter included: its default pod sets no securityContext and is refused."""
     rayjob, _ = ray_job(TARGET, FineTuneJobSpec.model_validate(SPEC), chosen, POOL, SETTINGS)
-    cluster = rayjob["spec"]["rayClusterSpec"]
-    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
-        assert restricted_violations(group["template"]["spec"]) == []
+    pods = dict(kuberay_pods(rayjob))
+    assert set(pods) == {"head", "worker/gpu-workers", "submitter"}
+    for role, pod in pods.items():
+        assert restricted_violations(pod) == [], role
+        assert pod["automountServiceAccountToken"] is False, role  # none of them calls the API server
+    submitter = pods["submitter"]["containers"][0]
+    assert submitter["name"] == "ray-job-submitter" and "command" not in submitter  # KubeRay writes the command
+    assert submitter["image"] == POOL.worker_image and rayjob["spec"]["submissionMode"] == "K8sJobMode"
+
+
+# A FineTuneJob's name is any DNS-1123 subdomain (dots, a leading digit, up to 253 characters)
+SUBDOMAIN_LABEL = r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?"
+FINETUNEJOB_NAMES = st.from_regex(rf"{SUBDOMAIN_LABEL}(\.{SUBDOMAIN_LABEL}){{0,12}}", fullmatch=True).filter(
+    lambda name: len(name) <= 253)
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def kuberay_refusals(rayjob: dict, config: dict, target: Target) -> list[str]:
+    """Every name the job's objects carry or KubeRay derives, against the rules KubeRay and Kubernetes apply
+    (ray-operator/controllers/ray/utils/validation.go: a RayJob name is a DNS-1035 label of at most 47
+    characters; its RayCluster is that name, "-" and 5 characters, at most 53; the head Service adds
+    "-head-svc"; the submitter Job takes the RayJob's name)."""
+    name = rayjob["metadata"]["name"]
+    cluster = f"{name}-x7k2q"
+    checks = [("RayJob", name, DNS_1035_LABEL, 47), ("RayCluster", cluster, DNS_1035_LABEL, 53),
+              ("head Service", f"{cluster}-head-svc", DNS_1035_LABEL, 63), ("submitter Job", name, DNS_1035_LABEL, 63)]
+    checks += [(obj["kind"], obj["metadata"]["name"], DNS_1123_SUBDOMAIN, 253)
+               for obj in (config_map(target, config), telemetry_secret(target, "t"))]
+    found = [f"{kind} {value!r}" for kind, value, rule, limit in checks if len(value) > limit or not rule.match(value)]
+    for role, pod in [("RayJob", {"metadata": rayjob["metadata"]}), *kuberay_pods(rayjob)]:
+        for key, value in {**rayjob["metadata"]["labels"], **pod.get("metadata", {}).get("labels", {})}.items():
+            if len(value) > 63 or not LABEL_VALUE.match(value):
+                found.append(f"{role} label {key}={value!r}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b-lora", "qwen2.5-7b", "8b-support-lora", "0", "a", "1.2.3",
+                                  "x" * 253, "7" + ".b" * 126, "a-" * 18 + "b"])
+def test_names_people_give_fine_tunes_make_rayjobs_kuberay_accepts(name):
+    target = Target(namespace="team-a", name=name, uid=TARGET.uid, job_id=TARGET.job_id)
+    rayjob, config = ray_job(target, FineTuneJobSpec.model_validate(SPEC), PLANS[1], POOL, SETTINGS)
+    assert kuberay_refusals(rayjob, config, target) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=FINETUNEJOB_NAMES, uid=st.uuids())
+def test_any_valid_finetunejob_name_makes_names_kuberay_and_kubernetes_accept(name, uid):
+    target = Target(namespace="team-a", name=name, uid=str(uid), job_id=TARGET.job_id)
+    rayjob, config = ray_job(target, FineTuneJobSpec.model_validate(SPEC), PLANS[1], POOL, SETTINGS)
+    assert kuberay_refusals(rayjob, config, target) == []
+    assert ray_job_name(target) == rayjob["metadata"]["name"] != ray_job_name(
+        Target(namespace="team-a", name=name, uid=f"{uid}-again", job_id=TARGET.job_id))
+
+
+def test_names_that_were_valid_keep_the_rayjob_name_an_earlier_operator_gave():
+    assert ray_job_name(TARGET) == "llama-8b-support-lora-" + hashlib.sha256(TARGET.uid.encode()).hexdigest()[:6]

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from tests.support.apiserver import FakeApiServer
-from tests.support.emulated import ROOT, Operator, client_for, resources, wait_for
+from tests.support.emulated import ROOT, Operator, client_for, resources, secret_token, wait_for
 from tunewright_operator.k8s import KubernetesError
-from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, secret_token
+from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from tunewright_operator.manifests import ClusterSettings, Target, ray_job_name
 from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, reconcile
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-SETTINGS = ClusterSettings(api_url="http://tunewright-api.tunewright.svc:8000")
+SETTINGS = ClusterSettings(api_url="http://tunewright-api.tunewright.svc:8000", job_token_key=b"k" * 32)
 POOL = {"apiVersion": "tunewright.dev/v1alpha1", "kind": "GPUPool", "metadata": {"name": "h100"},
         "spec": {"gpu": "H100", "gpusPerNode": 8, "maxNodes": 2, "intraNode": "nvlink4", "interNode": "ib-8x400g",
                  "pricePerGPUHour": 2.5, "workerImage": "example/worker:0.1.0", "default": True}}
@@ -154,7 +154,7 @@ def test_operator_killed_before_any_write_ends_with_exactly_one_of_everything():
         cluster.crash_after = None  # the restarted operator
         assert run(cluster).phase == "Queued", crash_after
         assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)
-        secret = cluster.list("Secret", "team-a")[0]
+        (secret,) = cluster.stored("Secret")  # (the operator itself never reads one: FakeCluster forbids it)
         token = secret.get("stringData", {}).get("token") or base64.b64decode(secret["data"]["token"]).decode()
         annotations = cluster.get("FineTuneJob", "team-a", "llama-lora")["metadata"]["annotations"]
         assert annotations[TOKEN_HASH_ANNOTATION] == hashlib.sha256(token.encode()).hexdigest()
@@ -195,6 +195,43 @@ def test_a_change_a_running_job_cannot_take_is_said_not_ignored():
     run(cluster)
     applied = {c["type"]: c for c in job_status(cluster)["conditions"]}["SpecApplied"]
     assert (applied["status"], applied["reason"]) == ("True", "Applied")
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_change_after_the_job_ended_is_said_not_silently_accepted(phase):
+    cluster = cluster_with(POOL, finetunejob())
+    run(cluster)
+    kuberay_writes(cluster, {"jobDeploymentStatus": "Complete" if phase == "Succeeded" else "Failed",
+                             "jobStatus": phase.upper(), "endTime": "2026-12-01T13:00:00Z"})
+    assert run(cluster).phase == phase
+    writes = cluster.writes
+    assert run(cluster).reason == "Finished" and cluster.writes == writes  # an ended job is left alone
+    cluster.patch("FineTuneJob", "team-a", "llama-lora", {"spec": {"hyperparameters": {"maxSteps": 900}}})
+    assert run(cluster).reason == "JobEnded"
+    status = job_status(cluster)
+    applied = {c["type"]: c for c in status["conditions"]}["SpecApplied"]
+    assert (applied["status"], applied["reason"]) == ("False", "JobEnded") and phase in applied["message"]
+    assert "create a new FineTuneJob" in applied["message"]
+    assert status["phase"] == phase and status["observedGeneration"] == 2 and cluster.count("RayJob") == 1
+    assert [e["reason"] for e in cluster.events].count("JobEnded") == 1
+    assert run(cluster).reason == "Finished"
+    assert [e["reason"] for e in cluster.events].count("JobEnded") == 1  # said once
+
+
+def test_the_operator_reads_no_secret_and_its_token_survives_a_restart():
+    """The token is derived from the operator's key: made again after a restart (for the API's summary)
+    without reading the Secret, which the chart no longer lets it read."""
+    from tunewright_operator.manifests import job_token
+
+    asked = []
+    cluster = cluster_with(POOL, finetunejob())
+    reconcile(cluster.get("FineTuneJob", "team-a", "llama-lora"), cluster, SETTINGS, NOW,
+              lambda target, token: asked.append(token))
+    (secret,) = cluster.stored("Secret")
+    assert secret["stringData"]["token"] == job_token(SETTINGS, Target("team-a", "llama-lora", "uid-llama-lora", ""))
+    assert asked == [secret["stringData"]["token"]]
+    other_key = ClusterSettings(api_url=SETTINGS.api_url, job_token_key=b"o" * 32)
+    assert job_token(other_key, Target("team-a", "llama-lora", "uid-llama-lora", "")) != asked[0]
 
 
 def test_a_model_outside_the_catalog_is_planned_from_its_annotated_shape():

@@ -6,6 +6,7 @@ reaction is read back through the API, as a user's kubectl would see it.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -47,7 +48,9 @@ class Operator:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> Operator:
-        env = {**os.environ, **self.env, "KUBECONFIG": str(self.kubeconfig)}
+        # the key the chart makes in production; a test's own env (the chart's, say) takes precedence
+        env = {**os.environ, "TUNEWRIGHT_JOB_TOKEN_KEY": "test-job-token-key-" + "0" * 16, **self.env,
+               "KUBECONFIG": str(self.kubeconfig)}
         assert self.command[0] == "kopf", self.command
         self.process = subprocess.Popen([sys.executable, "-m", *self.command], env=env, stdout=self.log.open("a"),
                                         stderr=subprocess.STDOUT, start_new_session=True)
@@ -82,3 +85,10 @@ def wait_for(check, timeout: float = 30.0, what: str = "the condition", operator
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n"
                                  + (operator.tail() if operator else ""))
         time.sleep(0.2)
+
+
+def secret_token(secret: dict) -> str:
+    """A job's token as the operator wrote it (stringData) or as the API server returns it (base64 data)."""
+    if "stringData" in secret:
+        return secret["stringData"]["token"]
+    return base64.b64decode(secret["data"]["token"]).decode()

@@ -14,6 +14,14 @@ class Crash(Exception):
     """The operator died here."""
 
 
+class Forbidden(Exception):
+    """The operator's grant does not cover this read (the chart grants a job's Secret and ConfigMap create
+    and delete only)."""
+
+
+UNREADABLE = frozenset({"Secret", "ConfigMap"})
+
+
 def merge(into: dict, patch: dict) -> dict:
     for key, value in patch.items():
         if value is None:
@@ -39,7 +47,9 @@ class FakeCluster:
         self.writes += 1
 
     def add(self, obj: dict) -> dict:
-        """An object made by someone else (a user's kubectl apply, KubeRay)."""
+        """An object made by someone else (a user's kubectl apply, KubeRay): a copy, so a later patch never
+        reaches the caller's dict (a test's module-level spec, say)."""
+        obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("generation", 1)
@@ -47,11 +57,17 @@ class FakeCluster:
         self.objects[(obj["kind"], meta.get("namespace"), meta["name"])] = obj
         return obj
 
+    def _read(self, kind) -> None:
+        if kind in UNREADABLE:
+            raise Forbidden(f"the operator may not read {kind}s")
+
     def get(self, kind, namespace, name):
+        self._read(kind)
         found = self.objects.get((kind, namespace, name))
         return copy.deepcopy(found) if found else None
 
     def list(self, kind, namespace=None, label_selector=None):
+        self._read(kind)
         wanted = dict(pair.split("=", 1) for pair in label_selector.split(",")) if label_selector else {}
         return [copy.deepcopy(o) for (k, ns, _), o in self.objects.items()
                 if k == kind and (namespace is None or ns == namespace)
@@ -62,7 +78,7 @@ class FakeCluster:
         if key in self.objects:
             raise AlreadyExists(key)
         self._write()
-        return copy.deepcopy(self.add(copy.deepcopy(obj)))
+        return copy.deepcopy(self.add(obj))
 
     def patch(self, kind, namespace, name, patch):
         self._write()
@@ -78,7 +94,7 @@ class FakeCluster:
 
     def delete(self, kind, namespace, name):
         self._write()
-        self.objects.pop((kind, namespace, name), None)
+        return self.objects.pop((kind, namespace, name), None) is not None
 
     def event(self, regarding, type_, reason, message):
         self._write()
@@ -87,3 +103,7 @@ class FakeCluster:
 
     def count(self, kind: str) -> int:
         return sum(1 for k, _, _ in self.objects if k == kind)
+
+    def stored(self, kind: str) -> list[dict]:
+        """What the tests look at, unreadable kinds included."""
+        return [o for (k, _, _), o in self.objects.items() if k == kind]

@@ -71,3 +71,24 @@ def pod_specs(objects: list[dict]) -> list[tuple[str, dict]]:
         elif obj.get("kind") == "CronJob":
             out.append((f"CronJob/{obj['metadata']['name']}", spec["jobTemplate"]["spec"]["template"]["spec"]))
     return out
+
+
+def kuberay_pods(rayjob: dict) -> list[tuple[str, dict]]:
+    """(role, pod spec) of every pod KubeRay makes for a RayJob, as KubeRay makes them: the head and worker
+    templates; in each worker, the `wait-gcs-ready` init container KubeRay injects with the Ray container's
+    securityContext; and the submitter Job's pod: the RayJob's `submitterPodTemplate`, else KubeRay's
+    default (one container with the head's image and no securityContext)."""
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    pods = [("head", head)]
+    for group in cluster.get("workerGroupSpecs") or []:
+        worker = group["template"]["spec"]
+        ray = worker["containers"][0]
+        injected = {"name": "wait-gcs-ready", "image": ray["image"], "securityContext": ray.get("securityContext")}
+        pods.append((f"worker/{group['groupName']}", {**worker, "initContainers": [*(worker.get("initContainers")
+                                                                                     or []), injected]}))
+    if rayjob["spec"].get("submissionMode", "K8sJobMode") == "K8sJobMode":
+        default = {"restartPolicy": "Never", "containers": [{"name": "ray-job-submitter",
+                                                             "image": head["containers"][0]["image"]}]}
+        pods.append(("submitter", (rayjob["spec"].get("submitterPodTemplate") or {}).get("spec") or default))
+    return pods
