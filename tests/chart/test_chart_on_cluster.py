@@ -4,8 +4,12 @@ Secret), each with its service account's credentials held to the chart's Cluster
 the REST API and one through kubectl, to the end and to cancellation; every request either made is allowed,
 and the roles grant exactly an allow-list kept here, each grant used.
 
+Run twice: with the operator's grant on jobs' ConfigMaps and Secrets cluster-wide, and held by Roles to the
+namespaces of `operator.jobNamespaces` (made, as an administrator would, before the install).
+
 Substituted, because no pod runs here: the API's address (loopback, not the Service's cluster DNS name), the
-operator's liveness port (any free one), and the database (SQLite, not the bundled PostgreSQL pod).
+operator's health port (a free one on loopback, where the test asks the readiness probe's path as the kubelet
+would), and the database (SQLite, not the bundled PostgreSQL pod).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ ALLOWED = {
         *(("tunewright.dev", r, v) for r in ("finetunejobs", "gpupools") for v in ("get", "list", "watch", "patch")),
         ("tunewright.dev", "finetunejobs/status", "patch"), ("tunewright.dev", "gpupools/status", "patch"),
         *(("ray.io", "rayjobs", v) for v in ("get", "list", "watch", "create", "patch", "delete")),
-        *(("", r, v) for r in ("configmaps", "secrets") for v in ("get", "create", "delete")),
+        ("", "configmaps", "create"), ("", "configmaps", "delete"),
+        ("", "secrets", "create"), ("", "secrets", "delete"),  # never read: it holds every job's token
         ("", "pods", "list"), ("", "nodes", "list"), ("", "events", "list"), ("", "events", "create"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
@@ -48,9 +53,14 @@ ALLOWED = {
 }
 
 
+TENANT_NAMESPACES = {"tw-team-a": "team-a", "tw-team-b": "team-b"}
+
+
 def granted(objects: list[dict], component: str) -> set[tuple[str, str, str]]:
-    (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith(f"-{component}")]
-    return {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+    """What the component's ClusterRole and Roles (in any namespace) grant."""
+    roles = [o for o in objects if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"].endswith(f"-{component}")]
+    assert [r["kind"] for r in roles].count("ClusterRole") == 1, roles
+    return {(group, resource, verb) for role in roles for rule in role["rules"] for group in rule["apiGroups"]
             for resource in rule["resources"] for verb in rule["verbs"]}
 
 
@@ -72,10 +82,11 @@ def environment(container: dict, cluster) -> dict[str, str]:
     return env
 
 
-def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatch):
+@pytest.mark.parametrize("values", [("several-pools",), ("several-pools", "job-namespaces")], ids="+".join)
+def test_the_charts_operator_and_api_run_jobs_with_its_rbac(values, tmp_path, monkeypatch):
     rendered = tmp_path / "rendered.yaml"
-    done = subprocess.run([str(HELM), "template", "tw", str(CHART), "--namespace", NAMESPACE, "--include-crds",
-                           "-f", str(next(v for v in VALUES if v.stem == "several-pools"))],
+    files = [arg for stem in values for arg in ("-f", str(next(v for v in VALUES if v.stem == stem)))]
+    done = subprocess.run([str(HELM), "template", "tw", str(CHART), "--namespace", NAMESPACE, "--include-crds", *files],
                           capture_output=True, text=True, timeout=120, env={"HOME": str(tmp_path), "PATH": "/usr/bin"})
     assert done.returncode == 0, done.stderr
     rendered.write_text(done.stdout)
@@ -85,6 +96,12 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
     try:
         admin = client_for(server)
         admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        # tenants' namespaces an administrator made: team-b's always, team-a's too where Roles go into it (else
+        # the API makes it on team-a's first job)
+        job_namespaces = {o["metadata"]["namespace"] for o in objects if o["kind"] == "Role"}
+        for namespace in {"tw-team-b"} | job_namespaces:
+            admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": namespace, "labels": {"tunewright.dev/tenant": TENANT_NAMESPACES[namespace]}}})
         applied = subprocess.run([str(KUBECTL), "apply", "--validate=false", "-f", str(rendered)],
                                  capture_output=True, text=True, timeout=120,
                                  env={"KUBECONFIG": str(server.write_kubeconfig(tmp_path / "admin")),
@@ -115,7 +132,10 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
             # the operator, as its Deployment runs it
             operator_pod = deployment(objects, "operator")
             container = operator_pod["containers"][0]
-            command = tuple(arg.replace("http://0.0.0.0:8080/", "http://127.0.0.1:0/") for arg in container["command"])
+            (health,) = container["ports"]
+            health_port = free_port()
+            command = tuple(arg.replace(f"http://0.0.0.0:{health['containerPort']}/", f"http://127.0.0.1:{health_port}/")
+                            for arg in container["command"])
             operator_env = {**environment(container, admin), "TUNEWRIGHT_API_URL": api.url}
             read = set(re.findall(r'os\.environ\.get\("(\w+)"', (ROOT / "operator" / "tunewright_operator" /
                                                                    "handlers.py").read_text()))
@@ -124,6 +144,10 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
                                                            operator_pod["serviceAccountName"]),
                                 tmp_path / "operator.log", operator_env, command).start()
             run_jobs(api, admin, server, operator, env["TUNEWRIGHT_ADMIN_TOKEN"])
+            probe = container["readinessProbe"]["httpGet"]
+            assert probe["port"] in (health["name"], health["containerPort"]), probe
+            ready = httpx.get(f"http://127.0.0.1:{health_port}{probe['path']}", timeout=10)
+            assert ready.status_code == 200, ready.text  # what the kubelet would ask: the operator is ready
     finally:
         if operator:
             operator.stop()
@@ -136,7 +160,9 @@ def test_the_charts_operator_and_api_run_jobs_with_its_rbac(tmp_path, monkeypatc
         assert granted(objects, component) == ALLOWED[component]
         used = {(a.group, a.resource, a.verb) for a in server.audit
                 if a.user == f"system:serviceaccount:{NAMESPACE}:{account}"}
-        assert used == ALLOWED[component], f"{component}: unused grants {ALLOWED[component] - used}"
+        # with team-a's namespace made beforehand the API creates none: nothing else of its differs
+        expected = ALLOWED[component] - ({("", "namespaces", "create")} if component == "api" and job_namespaces else set())
+        assert used == expected, f"{component}: unused grants {expected - used}"
 
 
 def run_jobs(api: Server, admin, server: FakeApiServer, operator: Operator, admin_token: str) -> None:
@@ -188,9 +214,7 @@ def run_jobs(api: Server, admin, server: FakeApiServer, operator: Operator, admi
     wait_for(lambda: alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "succeeded", what="succeeded",
              operator=operator)
 
-    # a job made with kubectl in a namespace an administrator handed to team-b
-    admin.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-        "name": "tw-team-b", "labels": {"tunewright.dev/tenant": "team-b"}}})
+    # a job made with kubectl in the namespace an administrator handed to team-b
     admin.create({"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
                   "metadata": {"name": "by-hand", "namespace": "tw-team-b"},
                   "spec": {**spec, "dataset": {"train": "pvc://datasets/train.jsonl"}}})
