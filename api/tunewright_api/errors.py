@@ -1,4 +1,7 @@
-"""One error envelope for every route, OpenAI's: {"error": {"message", "type", "param", "code"}}."""
+"""One error envelope for every route, OpenAI's: {"error": {"message", "type", "param", "code"}}.
+
+An invalid request is a 422 on the native routes and a 400 on the OpenAI-compatible ones, as OpenAI answers
+it (its client raises BadRequestError for a 400, and a class of its own for a 422)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,14 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
          422: "invalid_request_error", 503: "server_busy_error"}
 
 
+OPENAI_ROUTES = ("/v1/files", "/v1/fine_tuning/")
+
+
+def surface_status(path: str, status: int) -> int:
+    """The status an error gets on the route at `path`: OpenAI's surface says 400 where the native one says 422."""
+    return 400 if status == 422 and path.startswith(OPENAI_ROUTES) else status
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -31,15 +42,15 @@ def envelope(status: int, message: str, param: str | None = None, code: str | No
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError):
-        return envelope(exc.status, exc.message, exc.param, exc.code)
+    async def _api_error(request: Request, exc: ApiError):
+        return envelope(surface_status(request.url.path, exc.status), exc.message, exc.param, exc.code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
         return envelope(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         first = exc.errors()[0]
         if first.get("type") == "json_invalid":  # its loc is a character position, not a field
             return envelope(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'malformed')} "
@@ -47,7 +58,7 @@ def install(app: FastAPI) -> None:
         loc = [str(p) for p in first["loc"] if p not in ("body", "query", "path", "header")]
         param = ".".join(loc) or None
         messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", e["msg"]) for e in exc.errors()]
-        return envelope(422, "; ".join(messages), param, "invalid_value")
+        return envelope(surface_status(request.url.path, 422), "; ".join(messages), param, "invalid_value")
 
     @app.exception_handler(SQLAlchemyTimeoutError)
     async def _busy(_: Request, exc: SQLAlchemyTimeoutError):

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tunewright_api.auth import bearer_token, token_of
+from tunewright_api.deps import url_value_refusal
 from tunewright_api.errors import ApiError, envelope
 from tunewright_api.services import telemetry
 
@@ -65,10 +66,13 @@ class RequestLimits:
         await self.app(scope, bounded, send)
 
     def refusal(self, scope: Scope, path: str, authorization: str | None):
-        """The 401 a request gets before its body is read, or None."""
+        """The 401 a request gets before its body is read (or the 422 of a job id no job can have), or None."""
+        worker = WORKER_ROUTE.match(path)
+        if worker and (refusal := url_value_refusal("job_id", worker["job_id"])) is not None:
+            return envelope(refusal.status, refusal.message, refusal.param, refusal.code)
         with Session(scope["app"].state.engine) as session:
             try:
-                if worker := WORKER_ROUTE.match(path):
+                if worker:
                     telemetry.authenticated_job(session=session, job_id=worker["job_id"],
                                                 token=bearer_token(authorization), finished_ok=True)
                 else:

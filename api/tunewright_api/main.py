@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlmodel import Session
 
 from tunewright_api import errors
 from tunewright_api.auth import bootstrap_admin
 from tunewright_api.backends import make_backend
 from tunewright_api.db import make_engine, migrate
+from tunewright_api.deps import check_url_values
 from tunewright_api.limits import RequestLimits
 from tunewright_api.prometheus import RequestTimer
 from tunewright_api.routes import files, fine_tuning, health, jobs, pools, telemetry, tokens, ui
+from tunewright_api.services.files import sweep_all_partials
 from tunewright_api.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
+        sweep_all_partials(settings.data_dir)
         engine = make_engine(settings.resolved_database_url)
         migrate(engine)
         if settings.admin_token:
@@ -48,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         backend.stop()
         engine.dispose()
 
-    app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan, dependencies=[Depends(check_url_values)],
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, WithoutQueryStrings) for f in access.filters):

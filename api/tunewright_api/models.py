@@ -13,7 +13,7 @@ from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
 from sqlmodel import Field, Session, SQLModel
 
 from tunewright_api.telemetry import measured, progress
-from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry
+from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry, Printable
 
 
 def now() -> datetime:
@@ -49,7 +49,7 @@ class ApiToken(SQLModel, table=True):
 
 class TokenCreate(BaseModel):
     tenant: str = PydanticField(min_length=1, max_length=63, pattern=r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-    name: str = ""
+    name: Printable = ""
     admin: bool = False
 
 

@@ -15,6 +15,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".tunewright")
     database_url: str | None = None  # default: SQLite file in data_dir
     admin_token: str | None = None  # bootstrap: a token of the admin tenant, created at startup
+    # /metrics: a scraper presenting it (or an admin token) also gets each running job's series, labelled by
+    # tenant and job; without a token, only totals (jobs by status, request latencies by route template)
+    metrics_token: str | None = None
     backend: Literal["local", "kubernetes"] = "local"
     public_url: str = "http://127.0.0.1:8000"  # what workers use to reach the telemetry endpoint
     max_running_jobs: int = 1  # local backend: jobs at once (each takes the machine's CPUs or GPUs)

@@ -26,6 +26,7 @@ from tunewright_operator.spec import (
     JobProgress,
     JobTelemetry,
     MethodType,
+    Printable,
     Strategy,
 )
 
@@ -63,7 +64,7 @@ class FineTuningJobCreate(BaseModel):
     validation_file: str | None = None
     hyperparameters: OpenAIHyperparameters | None = None  # legacy top-level form
     method: Method | None = None
-    suffix: str | None = Field(default=None, max_length=64)
+    suffix: Printable | None = Field(default=None, max_length=64)  # a part of a name: no control characters
     seed: int | None = None
     # OpenAI's own limits: 16 pairs, keys up to 64 characters, values up to 512
     metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
@@ -162,7 +163,8 @@ def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, 
     train = jobs.dataset_file(session=session, tenant=tenant, value=body.training_file, param="training_file")
     job = jobs.submit(session=session, backend=backend, tenant=tenant, spec=to_spec(body, train.format),
                       train_param="training_file", validation_param="validation_file", suffix=body.suffix,
-                      metadata=body.metadata, model_roots=settings.model_roots, model_param="model",
+                      metadata=body.metadata, data_dir=settings.data_dir, model_roots=settings.model_roots,
+                      model_param="model",
                       sizes_param="hyperparameters.batch_size")
     return openai_job(job)
 

@@ -1,13 +1,18 @@
-from fastapi import APIRouter, Request
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, text
-from sqlmodel import select
+from sqlmodel import Session, select
 
-from tunewright_api.auth import SessionDep
+from tunewright_api.auth import SessionDep, bearer_token, token_of
+from tunewright_api.deps import SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, Tenant
 from tunewright_api.prometheus import HISTOGRAM, gauge
 from tunewright_api.services.diagnosis import job_telemetry_latest
+from tunewright_api.settings import Settings
 
 router = APIRouter(tags=["health"])
 
@@ -47,17 +52,37 @@ RUNNING_JOB_GAUGES = (
 )
 
 
+def sees_each_job(session: Session, settings: Settings, authorization: str | None) -> bool:
+    """Whether a /metrics caller may see tenants' names and job ids: with the metrics token or an admin token
+    (anyone else who reaches the port gets the totals); a token that is neither is refused, not ignored, so
+    a misconfigured scraper is told."""
+    if authorization is None:
+        return False
+    if settings.metrics_token and hmac.compare_digest(bearer_token(authorization), settings.metrics_token):
+        return True
+    if not token_of(session, authorization).admin:
+        raise HTTPException(403, "per-job metrics need the metrics token (TUNEWRIGHT_METRICS_TOKEN) or an admin "
+                                 "token; without a token /metrics answers the totals")
+    return True
+
+
 @router.get("/metrics", response_class=PlainTextResponse)
-def prometheus(session: SessionDep) -> str:
+def prometheus(session: SessionDep, settings: SettingsDep,
+               authorization: Annotated[str | None, Header()] = None) -> str:
     lines = ["# HELP tunewright_jobs Jobs by status.", "# TYPE tunewright_jobs gauge"]
     for status, count in session.exec(select(Job.status, func.count()).group_by(Job.status)).all():
         lines.append(f'tunewright_jobs{{status="{status}"}} {count}')
-    running = session.exec(select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
-                           .where(Job.status == "running")).all()
-    latest = [({"job_id": job.id, "tenant": tenant}, job_telemetry_latest(session, job, job.job_plan))
-              for job, tenant in running]
-    for name, help_text, key in RUNNING_JOB_GAUGES:
-        lines += gauge(name, help_text, [(labels, values.get(key)) for labels, values in latest])
-    lines += gauge("tunewright_job_step", "Optimizer steps done.", [(labels, values["step"]) for labels, values in latest])
+    if sees_each_job(session, settings, authorization):
+        running = session.exec(select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
+                               .where(Job.status == "running")).all()
+        latest = [({"job_id": job.id, "tenant": tenant}, job_telemetry_latest(session, job, job.job_plan))
+                  for job, tenant in running]
+        for name, help_text, key in RUNNING_JOB_GAUGES:
+            lines += gauge(name, help_text, [(labels, values.get(key)) for labels, values in latest])
+        lines += gauge("tunewright_job_step", "Optimizer steps done.",
+                       [(labels, values["step"]) for labels, values in latest])
+    else:
+        lines.append("# each running job's series (tunewright_job_*, by tenant and job) need the metrics token "
+                     "or an admin token: Authorization: Bearer <token>")
     lines += HISTOGRAM.lines()
     return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, settings: SettingsDep,
                tenant: CurrentTenant) -> JobPublic:
     return JobPublic.of(jobs.submit(session=session, backend=backend, tenant=tenant, spec=spec,
-                                    model_roots=settings.model_roots))
+                                    data_dir=settings.data_dir, model_roots=settings.model_roots))
 
 
 @router.get("")

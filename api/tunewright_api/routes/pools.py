@@ -15,7 +15,7 @@ from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, ListEnvelope
 from tunewright_api.routes.links import links_from
 from tunewright_api.services import jobs
-from tunewright_api.services.plans import check_model_source, plan_on, pool_of, profile_for
+from tunewright_api.services.plans import plan_on, pool_of, profile_for
 from tunewright_operator.planner.hardware import GPUS, LINKS
 from tunewright_operator.planner.jobs import dataset_tokens_of
 from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
@@ -124,16 +124,19 @@ def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, setti
         hint = (" (that pool is this machine's: its jobs are planned when submitted, and the planner models GPU "
                 "pools described with POST /v1/pools)" if body.pool in own else "")
         raise ApiError(422, f"no GPU pool {body.pool}{hint}", "pool", "unknown_pool")
-    check_model_source(body.spec.model.source, settings.model_roots, param="spec.model.source")
-    profile = profile_for(body.spec.model.source, param="spec.model.source")
+    spec = jobs.readable_model(body.spec, session=session, tenant=tenant, data_dir=settings.data_dir,
+                               model_roots=settings.model_roots, param="spec.model.source")
+    profile = profile_for(spec.model.source, param="spec.model.source")
     dataset_tokens = body.dataset_tokens
-    if dataset_tokens is None and body.spec.hyperparameters.max_steps is None and body.spec.dataset.train:
-        # epochs: an uploaded file's size says about how many tokens one takes (a dry run may name a file
-        # that is not uploaded yet: then the planner asks for datasetTokens)
-        with contextlib.suppress(ApiError):
-            train = jobs.dataset_file(session=session, tenant=tenant, value=body.spec.dataset.train,
-                                      param="spec.dataset.train")
+    # an uploaded file (a dry run may name one not uploaded yet): its size says about how many tokens an epoch
+    # takes, and the sizes the spec leaves open are chosen from it as submitting the spec would choose them
+    train = None
+    with contextlib.suppress(ApiError):
+        train = jobs.dataset_file(session=session, tenant=tenant, value=spec.dataset.train, param="spec.dataset.train")
+    if train is not None:
+        spec, _ = jobs.fit_to_data(spec, train, spec_param="spec")
+        if dataset_tokens is None and spec.hyperparameters.max_steps is None:
             dataset_tokens = dataset_tokens_of(train.bytes)
-    chosen = plan_on(spec=body.spec, profile=profile, pool=pool, dataset_tokens=dataset_tokens, spec_param="spec")
+    chosen = plan_on(spec=spec, profile=profile, pool=pool, dataset_tokens=dataset_tokens, spec_param="spec")
     return PlanResponse(pool=pool_name, model={"name": profile.name, "parameters": profile.params,
                                                     "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sqlmodel import Session, select
+
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Job
+from tunewright_api.models import Job, Tenant
 
 MAX_LISTED = 10_000  # files per listing: an export holds tens
 
@@ -27,6 +29,14 @@ def export_folder(job: Job) -> Path:
     return folder
 
 
+def export_folders(session: Session, tenant: Tenant) -> list[Path]:
+    """The folders this server holds the tenant's exports in (each job's `final`), resolved: what of the data
+    folder a job of this tenant's may read (fine-tuning its own model further)."""
+    results = session.exec(select(Job.result).where(Job.tenant_id == tenant.id)).all()
+    return sorted({Path(where).resolve().parent for result in results
+                   for where in ((result or {}).get("export") or {}).values() if where and "://" not in where})
+
+
 def listing(job: Job) -> list[dict]:
     """Every file of the export, by its path in it (`adapter/adapter_config.json`) and size; links not followed."""
     folder = export_folder(job)
@@ -39,6 +49,10 @@ def artifact_file(job: Job, path: str) -> Path:
     """One file of the export; anything outside it (`..`, absolute paths, links) does not exist."""
     folder = export_folder(job).resolve()
     wanted = (folder / path).resolve()
-    if folder not in wanted.parents or not wanted.is_file() or (folder / path).is_symlink():
+    try:
+        found = folder in wanted.parents and wanted.is_file() and not (folder / path).is_symlink()
+    except OSError:  # e.g. longer than a path may be, once under the export's folder: no file of the export
+        found = False
+    if not found:
         raise ApiError(404, f"job {job.id} exported no file {path!r}", "path", "not_found")
     return wanted

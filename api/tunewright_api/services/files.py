@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,6 +21,11 @@ from tunewright_api.models import Job, StoredFile, Tenant, new_id
 from tunewright_api.states import TERMINAL
 
 PURPOSES = {"fine-tune"}
+VALIDATION_SECONDS = 600  # at most, per upload
+# An upload's .partial is written from the request's spool (its time changes with every chunk), then validated
+# for at most VALIDATION_SECONDS, then renamed: one untouched for twice that is no upload's on any API replica
+# sharing this folder, only what an upload killed on its way left behind.
+STALE_PARTIAL_SECONDS = 2 * VALIDATION_SECONDS
 
 
 def owned_file(*, session: Session, tenant: Tenant, file_id: str, param: str = "file_id") -> StoredFile:
@@ -46,11 +54,24 @@ def page_of_files(*, session: Session, tenant: Tenant, purpose: str | None, sha2
 def validate_dataset(path: Path) -> dict:
     """The training runtime decides what trains: ask it (a separate process, no import across the boundary)."""
     proc = subprocess.run([sys.executable, "-m", "tunewright_jobs.validate", str(path)],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=VALIDATION_SECONDS)
     try:
         return json.loads(proc.stdout)
     except json.JSONDecodeError:
         raise RuntimeError(f"dataset validator failed: {proc.stderr[-500:]}") from None
+
+
+def sweep_partials(partials: Iterable[Path]) -> None:
+    """Remove what killed uploads left behind (at start-up, every tenant's; before each upload, its folder's)."""
+    now = time.time()
+    for partial in partials:
+        with contextlib.suppress(FileNotFoundError):  # renamed by its upload, or swept by another replica, first
+            if now - partial.stat().st_mtime > STALE_PARTIAL_SECONDS:
+                partial.unlink()
+
+
+def sweep_all_partials(data_dir: Path) -> None:
+    sweep_partials((data_dir / "files").glob("*/*.partial"))
 
 
 def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, content: BinaryIO,
@@ -63,6 +84,7 @@ def upload(*, session: Session, tenant: Tenant, data_dir: Path, max_bytes: int, 
     session.close()
     folder = (data_dir / "files" / tenant_id).resolve()
     folder.mkdir(parents=True, exist_ok=True)
+    sweep_partials(folder.glob("*.partial"))
     partial, final = folder / f"{file_id}.partial", folder / f"{file_id}.jsonl"
     try:
         size, digest = 0, hashlib.sha256()

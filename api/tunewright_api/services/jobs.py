@@ -24,6 +24,7 @@ from tunewright_api.models import (
     Tenant,
     add_event,
 )
+from tunewright_api.services.artifacts import export_folders
 from tunewright_api.services.files import owned_file
 from tunewright_api.services.plans import check_model_source, profile_for
 from tunewright_api.states import TERMINAL
@@ -56,20 +57,21 @@ def dataset_file(*, session: Session, tenant: Tenant, value: str | None, param: 
 
 def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTuneJobSpec,
            train_param: str = "dataset.train", validation_param: str = "dataset.validation",
-           suffix: str | None = None, metadata: dict[str, str] | None = None,
+           suffix: str | None = None, metadata: dict[str, str] | None = None, data_dir: Path,
            model_roots: list[Path] | None = None, model_param: str = "model.source",
            sizes_param: str = "") -> Job:
     """Check the spec against the tenant's files, plan it on the backend, and queue it."""
     if spec.suspend:
         raise ApiError(422, "this backend cannot hold a suspended job; submit it when it should run",
                        "suspend", "unsupported")
-    check_model_source(spec.model.source, model_roots, param=model_param)
+    spec = readable_model(spec, session=session, tenant=tenant, data_dir=data_dir, model_roots=model_roots,
+                          param=model_param)
     train = dataset_file(session=session, tenant=tenant, value=spec.dataset.train, param=train_param)
     validation = dataset_file(session=session, tenant=tenant, value=spec.dataset.validation, param=validation_param)
     if train.format != spec.dataset.format:
         raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
                        "dataset.format", "invalid_value")
-    spec, sizing = fit_to_data(spec, train, param_prefix=sizes_param)
+    spec, sizing = fit_to_data(spec, train, sizes_param=sizes_param)
     plan = backend.plan(spec, train)
     telemetry_token = new_token()
     job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
@@ -82,9 +84,21 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
     return job
 
 
-def fit_to_data(spec: FineTuneJobSpec, train: StoredFile, *, param_prefix: str) -> tuple[FineTuneJobSpec, str | None]:
+def readable_model(spec: FineTuneJobSpec, *, session: Session, tenant: Tenant, data_dir: Path,
+                   model_roots: list[Path] | None, param: str) -> FineTuneJobSpec:
+    """The spec naming its model as the run must read it (a local path resolved), once this tenant may."""
+    source = check_model_source(spec.model.source, model_roots, param=param, data_dir=data_dir,
+                                own_exports=lambda: export_folders(session, tenant))
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"source": source})})
+
+
+def fit_to_data(spec: FineTuneJobSpec, train: StoredFile, *, sizes_param: str = "",
+                spec_param: str | None = None) -> tuple[FineTuneJobSpec, str | None]:
     """Sizes the spec leaves open chosen from the uploaded data (a small dataset must not fail a minute into
-    the queue for a default it never asked for); sizes it sets that the data cannot fill refused now."""
+    the queue for a default it never asked for); sizes it sets that the data cannot fill refused now.
+
+    A refusal names `sizes_param` when given (the OpenAI surface's batch_size), else the spec's field, under
+    `spec_param` (where the spec sits in the request body; None: the body is the spec)."""
     if train.characters is None or train.longest_characters is None:
         return spec, None  # uploaded before files kept their size in text
     try:
@@ -97,7 +111,7 @@ def fit_to_data(spec: FineTuneJobSpec, train: StoredFile, *, param_prefix: str) 
                               max_positions=profile.max_positions if profile else 0)
     except ValueError as err:
         field = str(err).partition(":")[0]
-        param = param_prefix or field
+        param = sizes_param or ".".join(filter(None, (spec_param, field)))
         raise ApiError(422, str(err), param, "dataset_too_small") from None
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlmodel import Session, select
 
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, Job
+from tunewright_api.names import name_problem
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.jobs import plan_job
@@ -21,14 +23,27 @@ from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 SYSTEM_FOLDERS = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/root", "/run", "/var/run", "/boot"))
 
 
-def check_model_source(source: str, roots: list[Path] | None, *, param: str) -> None:
-    """A local path is read by this server: only under the allowed roots (never the system's folders), so a
-    spec cannot make it read, or reveal the existence of, files elsewhere."""
+def within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_model_source(source: str, roots: list[Path] | None, *, param: str, data_dir: Path,
+                       own_exports: Callable[[], list[Path]]) -> str:
+    """The source as the job must name it: a local path resolved (links and `..` followed), so the run reads
+    the folder checked here and not whatever a link points at by then.
+
+    A local path is read by this server: only under the allowed roots (never the system's folders), and never
+    inside the server's own data folder (other tenants' datasets and exported models) but for the submitting
+    tenant's own exports (`own_exports`: resolved folders, asked for only then); so a spec cannot make it read,
+    or reveal the existence of, files elsewhere."""
     if source.startswith("pvc://"):
-        return  # a volume: the workers read it, this server does not
+        return source  # a volume: the workers read it, this server does not
     named = source.removeprefix("hf://")
+    if (problem := name_problem(named)) is not None:  # before any file call, which would fail on it
+        raise ApiError(422, f"{source!r} {problem}: a model is a hub name (org/name), a volume (pvc://claim/path) "
+                            "or a local path", param, "invalid_value")
     if not named.startswith(("/", ".", "~")) and "://" not in named and not Path(named).exists():
-        return  # a hub name (org/name): nothing here is read
+        return source  # a hub name (org/name): nothing here is read
     if "://" in source:
         raise ApiError(422, f"{source!r}: a model is a hub name (org/name, hf://org/name), a volume "
                             "(pvc://claim/path) or a local path", param, "invalid_value")
@@ -37,16 +52,22 @@ def check_model_source(source: str, roots: list[Path] | None, *, param: str) -> 
     path = Path(named).expanduser().resolve()
     allowed = [Path(r).resolve() for r in roots] if roots is not None else None
     if allowed is None:
-        refused = any(path == folder or folder in path.parents for folder in SYSTEM_FOLDERS)
+        refused = any(within(path, folder) for folder in SYSTEM_FOLDERS)
     else:
-        refused = not any(path == root or root in path.parents for root in allowed)
+        refused = not any(within(path, root) for root in allowed)
     if refused:
         where = ", ".join(map(str, allowed)) if allowed else "no local path (set TUNEWRIGHT_MODEL_ROOTS)"
         raise ApiError(422, f"{source!r} is not where this server reads models from (allowed: {where})", param,
                        "model_path_not_allowed")
+    if within(path, data_dir.resolve()) and not any(within(path, export) for export in own_exports()):
+        raise ApiError(422, f"{source!r} is inside this server's data folder, which holds every tenant's datasets "
+                            "and models: a job may read only your own jobs' exports there (result.export of "
+                            "GET /v1/jobs/{id}); name one of those, or a model folder outside the data folder",
+                       param, "model_path_not_allowed")
     if not (path / "config.json").is_file():  # said now, not as a traceback from the run a minute later
         raise ApiError(422, f"{source!r}: no model there (a model is a folder with a config.json; a hub model is "
                             "named org/name)", param, "model_not_found")
+    return str(path)
 
 
 def profile_for(source: str, *, param: str) -> ModelProfile:
