@@ -184,6 +184,17 @@ def parse_records(raw: list[dict]) -> tuple[list[TelemetryRecord], list[Rejected
     return accepted, rejected
 
 
+def refusal_of_batch(accepted: list[TelemetryRecord], rejected: list[Rejected]) -> str | None:
+    """Why a batch is refused whole: it holds records and none is valid (a broken worker must be noticed,
+    not answered 200). None when some record is valid, or none was sent. Names each refused field and why."""
+    if accepted or not rejected:
+        return None
+    reasons = "; ".join(f"record {r.index}: {r.error}" for r in rejected[:MAX_REPORTED_REJECTIONS])
+    more = f" (and {len(rejected) - MAX_REPORTED_REJECTIONS} more)" if len(rejected) > MAX_REPORTED_REJECTIONS else ""
+    return (f"no record of the batch is valid, none was applied: {reasons}{more}. Records must follow the "
+            "runtime's telemetry contract (tunewright_jobs.telemetry): fix the worker that sent them")
+
+
 def aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite drops the zone
 

@@ -62,18 +62,30 @@ class JsonlSink:
 
 
 RETRIED_HTTP_CODES = {408, 409, 425, 429}  # client errors that a later try can pass
+MAX_BACKOFF_SECONDS = 2.0  # an API back from a restart gets the records within this, not after a long sleep
+# what `close` gives an unreachable API: long enough for it to restart (the records are in metrics.jsonl too)
+FLUSH_SECONDS = 90.0
+
+
+def refusal_reason(err: urllib.error.HTTPError) -> str:
+    """The API's own words on why it refused a batch (its error envelope's message), else the HTTP reason."""
+    try:
+        return str(json.loads(err.read())["error"]["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return str(err.reason)
 
 
 class HttpSink:
     """Posts records to the API's telemetry endpoint from a background thread.
 
     Training never waits on it: records queue in memory (the oldest are dropped past `max_buffered`, and
-    counted), failed posts are retried with backoff, and `close` flushes for at most `flush_seconds`.
+    counted), failed posts are retried with a backoff of at most MAX_BACKOFF_SECONDS, and `close` keeps
+    trying for up to `flush_seconds` (an API restarting meanwhile still gets the last records and the end).
     The per-job token comes from the environment (TUNEWRIGHT_TELEMETRY_TOKEN), never from the config.
     """
 
-    def __init__(self, endpoint: str, token: str | None, max_buffered: int = 100_000, flush_seconds: float = 10.0,
-                 batch: int = 500):
+    def __init__(self, endpoint: str, token: str | None, max_buffered: int = 100_000,
+                 flush_seconds: float = FLUSH_SECONDS, batch: int = 500):
         self.endpoint, self.token = endpoint, token
         self.flush_seconds, self.batch = flush_seconds, batch
         self._queue: deque[dict] = deque(maxlen=max_buffered)
@@ -107,10 +119,10 @@ class HttpSink:
             return True
         except urllib.error.HTTPError as err:
             if 400 <= err.code < 500 and err.code not in RETRIED_HTTP_CODES:
-                # refused for good (bad token, a record the API will never accept): retrying would hold back
-                # every record behind this batch, so it is dropped and counted
-                log.warning("telemetry: the API refused %d records (%s %s): dropped", len(records), err.code,
-                            err.reason)
+                # refused for good (bad token, a batch of which the API takes no record): retrying would hold
+                # back every record behind this batch, so it is dropped, counted, and why is logged
+                log.warning("telemetry: the API refused %d records (%s): dropped: %s", len(records), err.code,
+                            refusal_reason(err))
                 self.dropped += len(records)
                 return True
             log.debug("telemetry post failed: %s", err)
@@ -127,7 +139,7 @@ class HttpSink:
             while self._queue:
                 records = [self._queue[i] for i in range(min(self.batch, len(self._queue)))]
                 if not self._post(records):
-                    backoff = min(backoff * 2, 30.0)
+                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
                     break
                 for _ in records:
                     self._queue.popleft()
@@ -139,7 +151,7 @@ class HttpSink:
         self._deadline = time.monotonic() + self.flush_seconds
         self._closing = True
         self._wake.set()
-        self._thread.join(self.flush_seconds + 1)
+        self._thread.join(self.flush_seconds + 15)  # one post in flight may take its 10 s timeout
         if self._queue or self.dropped:
             log.warning("telemetry: %d records not delivered, %d dropped", len(self._queue), self.dropped)
 

@@ -4,7 +4,8 @@ Routes and services know only this interface: `local` (this machine) and `kubern
 resources the operator runs) implement it.
 
 Checkpoints, metrics and the final result reach the API as telemetry records from the runtime, whatever
-the backend: nobody reads a run's files to list them.
+the backend; the local backend also reads back, from the run's `metrics.jsonl`, records that never reached
+the API (it was down as the run ended).
 """
 
 from __future__ import annotations

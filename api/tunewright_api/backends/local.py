@@ -2,13 +2,17 @@
 
 This machine is the pool: with `local_gpus` its GPUs, planned through the planner like any GPU pool;
 without, DDP over `local_workers` CPU workers (the planner models GPUs, not CPUs). A queue admits at most
-`max_running_jobs` at once (each takes the machine's CPUs or GPUs). Cancel ends the process group. When
-the API restarts, `reconcile` re-attaches to runs still alive and marks lost ones failed, so no job stays
-"running" forever.
+`max_running_jobs` at once (each takes the machine's CPUs or GPUs). Cancel ends the run's process group.
+
+A job has at most one run whatever instant the API dies at: its launch is committed before anything
+starts, and the run claims its folder through `local_launcher` (a lock held while it lives, and `run.pid`).
+When the API restarts, `reconcile` re-attaches to runs still alive, starts launches that never started,
+and settles the rest from what they left, so no job stays "running" forever.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -24,9 +28,11 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from tunewright_api.backends import AlreadyFinished, Ticker
+from tunewright_api.backends import AlreadyFinished, Ticker, local_launcher
+from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
+from tunewright_api.services import telemetry
 from tunewright_api.services.plans import learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL, transition
@@ -48,6 +54,7 @@ MAX_CPU_MICRO_BATCH = 8  # sequences per forward pass on a CPU worker: more only
 INHERITED_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "TZ", "TMPDIR", "PYTHONPATH",
                                  "VIRTUAL_ENV", "LD_LIBRARY_PATH", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"})
 INHERITED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "NVIDIA_", "HF_", "TRANSFORMERS_", "TORCH_", "OMP_", "MKL_")
+LAUNCHER = Path(local_launcher.__file__)  # run by path: it imports nothing of the API
 
 
 def _alive(pid: int, run_dir: str) -> bool:
@@ -179,6 +186,12 @@ class LocalBackend:
         token_file.write_text(telemetry_token)
         job.run_dir = str(run_dir)
 
+    def _metrics_file(self, job: Job) -> Path:
+        """Where the run writes its telemetry records (the runtime's default unless its config names one)."""
+        config = job.config or {}
+        return Path((config.get("metrics") or {}).get("path") or Path(config.get("output_dir", job.run_dir))
+                    / "metrics.jsonl")
+
     def logs(self, job: Job, lines: int) -> list[str]:
         log_file = self.run_dir(job) / "run.log"
         try:
@@ -198,57 +211,90 @@ class LocalBackend:
 
     def tick(self) -> None:
         with self._lock, Session(self.engine) as session:
-            running = session.exec(select(Job).where(Job.status == "running")).all()
-            for job in running:
-                try:  # one job's trouble must not stop the queue: each is settled in its own transaction
-                    self._check(session, job)
-                    session.commit()
-                except Exception:
-                    session.rollback()
-                    log.exception("checking job %s failed", job.id)
+            for job in session.exec(select(Job).where(Job.status == "running")).all():
+                self._settle_each(session, job, restarted=False)
             active = session.exec(select(Job).where(Job.status == "running")).all()
             free = self.settings.max_running_jobs - len(active)
             if free > 0:
                 queued = session.exec(select(Job).where(Job.status == "queued").order_by(Job.created_at)).all()
                 for job in queued[:free]:
-                    self._launch(session, job)
+                    self._settle_each(session, job, restarted=False)
+
+    def _settle_each(self, session: Session, job: Job, restarted: bool) -> None:
+        """One job's turn, in its own transactions: one job's trouble must not stop the queue."""
+        try:
+            if job.status == "queued":
+                self._launch(session, job)
+            else:
+                self._check(session, job, restarted)
             session.commit()
+        except Exception:
+            session.rollback()
+            log.exception("checking job %s failed", job.id)
 
     def _launch(self, session: Session, job: Job) -> None:
-        run_dir = Path(job.run_dir)
-        config_path = run_dir / "job.json"
-        env = job_environment(dict(os.environ), (run_dir / "telemetry.token").read_text().strip(),
-                              self.settings.ray_address)
-        with (run_dir / "run.log").open("ab") as log_file:
-            command = [sys.executable, "-m", "tunewright_jobs.run", "--config", str(config_path)]
-            if not self.settings.local_ray:  # one plain process per worker, under torchrun
-                workers = job.config["strategy"]["num_workers"]
-                command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={workers}",
-                           *command[1:], "--no-ray"]
-            proc = subprocess.Popen(command,
-                                    stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    cwd=run_dir)
-        self._children[job.id] = proc
+        """Record the intent (committed) before starting anything: an API that dies after this finds a
+        "running" job and, through its run folder, whether its run started (`_check`), never a queued job
+        whose run is already going."""
         job.status = transition(job.status, "running")
-        job.pid, job.started_at = proc.pid, now()
+        job.started_at, job.pid = now(), None
+        session.add(job)
+        session.commit()
+        self._spawn(session, job)
+
+    def _spawn(self, session: Session, job: Job) -> None:
+        run_dir = Path(job.run_dir)
+        try:
+            env = job_environment(dict(os.environ), (run_dir / "telemetry.token").read_text().strip(),
+                                  self.settings.ray_address)
+            proc = start_run(runtime_command(run_dir / "job.json", job.config["strategy"]["num_workers"],
+                                             self.settings.local_ray), run_dir, env)
+        except OSError as err:  # failing each tick would not make it start: the job fails, saying why
+            job.status = transition(job.status, "failed")
+            job.error_code, job.error_message = "run_failed", f"the run could not be started: {err}"
+            job.finished_at = now()
+            add_event(session, job, job.error_message, level="error")
+            session.add(job)
+            return
+        self._children[job.id] = proc
+        job.pid = proc.pid
         add_event(session, job, f"started: process {proc.pid}, log {run_dir / 'run.log'}")
         session.add(job)
 
-    def _check(self, session: Session, job: Job) -> None:
+    def _check(self, session: Session, job: Job, restarted: bool) -> None:
         proc = self._children.get(job.id)
         if proc is not None:
             code = proc.poll()
             if code is None:
                 return
             del self._children[job.id]
-        elif job.pid and _alive(job.pid, job.run_dir):
-            return  # re-attached after a restart: still going
+            if code != REFUSED:
+                self._finish(session, job, code)
+                return
+            job.pid = None  # another launch of this job has its folder (one from before an API restart)
+        run_dir = Path(job.run_dir)
+        claimed = run_pid(run_dir)  # read before the lock is tried: a run that claims the folder after it
+        #                             holds the lock first, so it is never mistaken for an ended one
+        if run_alive(run_dir) or (claimed is None and job.pid and _alive(job.pid, job.run_dir)):
+            # running (or its launcher about to run it); a run from before `run.pid` existed has only its pid
+            adopted = claimed or job.pid
+            if adopted is not None and (restarted or adopted != job.pid):
+                add_event(session, job, f"re-attached to process {adopted} after an API restart")
+            job.pid = adopted
+            session.add(job)
+        elif claimed is None and job.pid is None:
+            self._spawn(session, job)  # launching was recorded, and no run ever started: start it now
         else:
-            code = None  # not our child and gone: only its files can tell
-        self._finish(session, job, code)
+            self._finish(session, job, None)  # not our child and gone: only its files can tell
 
     def _finish(self, session: Session, job: Job, code: int | None) -> None:
         run_dir = Path(job.run_dir)
+        # what the run measured but the API missed (down, or slow, as the run ended) is in its metrics file
+        recovered = telemetry.recover(session=session, job=job, path=self._metrics_file(job),
+                                      data_dir=self.settings.data_dir, learn=self.learn_links)
+        if recovered:
+            add_event(session, job, f"{recovered} records of the run that never reached the API were read from "
+                                    "its metrics file")
         result_file = run_dir / "output" / "result.json"
         if result_file.exists() and code in (0, None):
             # a diverged run writes NaN, which SQL JSON columns refuse: kept as null
@@ -275,31 +321,75 @@ class LocalBackend:
             session.refresh(job)
             if job.status in TERMINAL:
                 raise AlreadyFinished(job.status)
-            if job.status == "running" and job.pid:
-                try:
-                    os.killpg(job.pid, signal.SIGTERM)
-                    deadline = time.monotonic() + 10
-                    while _alive(job.pid, job.run_dir) and time.monotonic() < deadline:
-                        time.sleep(0.1)
-                    if _alive(job.pid, job.run_dir):
-                        os.killpg(job.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc = self._children.pop(job.id, None)
-                if proc is not None:
-                    proc.wait(timeout=10)
+            if job.status == "running":
+                self._stop_run(job)
             job.status = transition(job.status, "cancelled")
             job.finished_at, job.pid = now(), None
             add_event(session, job, "cancelled by the user")
             session.add(job)
             session.commit()
 
+    def _stop_run(self, job: Job) -> None:
+        """End every process of the run: its process group asked first, then killed with what is left."""
+        run_dir = Path(job.run_dir)
+        group = run_pid(run_dir) or job.pid
+        proc = self._children.pop(job.id, None)
+        if group is None:
+            return  # launching was recorded but nothing started
+        try:
+            os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while (run_alive(run_dir) or _alive(group, job.run_dir)) and time.monotonic() < deadline:
+                if proc is not None:
+                    proc.poll()  # our child: reaped as it ends
+                time.sleep(0.1)
+            os.killpg(group, signal.SIGKILL)  # what outlived the run's main process (its workers, a stuck one)
+        except ProcessLookupError:
+            pass  # the whole group is gone
+        if proc is not None:
+            proc.wait(timeout=10)
+
     def reconcile(self) -> None:
-        """After a restart: running jobs whose process lives on are watched again; the rest are settled."""
+        """After a restart: runs that live on are watched again, launches that never started are started,
+        and the rest are settled from what the run left."""
         with self._lock, Session(self.engine) as session:
             for job in session.exec(select(Job).where(Job.status == "running")).all():
-                if job.pid and _alive(job.pid, job.run_dir):
-                    add_event(session, job, f"re-attached to process {job.pid} after an API restart")
-                else:
-                    self._finish(session, job, None)
-            session.commit()
+                self._settle_each(session, job, restarted=True)
+
+
+def runtime_command(config_path: Path, workers: int, local_ray: bool) -> list[str]:
+    """The runtime's command line: on Ray, or one plain process per worker under torchrun."""
+    command = [sys.executable, "-m", "tunewright_jobs.run", "--config", str(config_path)]
+    if local_ray:
+        return command
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={workers}", *command[1:], "--no-ray"]
+
+
+def start_run(command: list[str], run_dir: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`command` under the launcher, in a process group of its own whose leader records itself in the folder."""
+    with (run_dir / "run.log").open("ab") as log_file:
+        return subprocess.Popen([sys.executable, str(LAUNCHER), str(run_dir), *command], stdout=log_file,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=run_dir)
+
+
+def run_pid(run_dir: Path) -> int | None:
+    """The process (and process group) that claimed the folder for its run, if one ever did."""
+    try:
+        return int((run_dir / PID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_alive(run_dir: Path) -> bool:
+    """True while the folder's run lives: it holds the folder's lock until it ends."""
+    try:
+        probe = os.open(run_dir / LOCK_FILE, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(probe)  # also lets go of the lock if the probe took it
+    return False

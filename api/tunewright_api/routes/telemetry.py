@@ -6,6 +6,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import FileResponse
 
 from tunewright_api.auth import SessionDep, bearer_token
+from tunewright_api.errors import ApiError
 from tunewright_api.services import telemetry
 from tunewright_api.telemetry import (
     MAX_REPORTED_REJECTIONS,
@@ -13,6 +14,7 @@ from tunewright_api.telemetry import (
     TelemetryBatch,
     TelemetryReceipt,
     parse_records,
+    refusal_of_batch,
 )
 
 router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
@@ -21,9 +23,12 @@ router = APIRouter(prefix="/v1/internal/jobs", tags=["internal"])
 @router.post("/{job_id}/telemetry")
 def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep, request: Request,
            authorization: Annotated[str | None, Header()] = None) -> TelemetryReceipt:
-    """Applies the records it accepts; says which it refused and why (the runtime logs them)."""
+    """Applies the records it accepts; says which it refused and why (the runtime logs them). A batch of
+    which no record is valid is refused whole (422)."""
     job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization))
     accepted, rejected = parse_records(batch.records)
+    if (refusal := refusal_of_batch(accepted, rejected)) is not None:
+        raise ApiError(422, refusal, "records", "no_valid_record")
     telemetry.ingest(session=session, job=job, records=accepted, data_dir=request.app.state.settings.data_dir,
                      learn=request.app.state.backend.learn_links)
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hmac
 import io
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,7 @@ from tunewright_api.telemetry import (
     StartRecord,
     StepRecord,
     TelemetryRecord,
+    parse_records,
 )
 from tunewright_operator.manifests import volume_uri
 
@@ -82,6 +84,57 @@ def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_d
     """Apply a batch in one transaction: progress, metric points, events, checkpoints; at the end, the
     results file (OpenAI's `result_files`). `learn` folds a profiler window into the job's pool."""
     hold_unfinished(session, job)
+    apply_all(session, job, records, data_dir, learn)
+    session.commit()
+
+
+def recover(*, session: Session, job: Job, path: Path, data_dir: Path, learn: LinkLearner = learn_links) -> int:
+    """Apply the records of the run's metrics file (`path`, what the run wrote as it emitted them) that never
+    reached the API, e.g. the last ones and the end of a run that ended while the API was down: how many.
+    Applies each once however often it runs (`missed`); the caller commits, before ending the job."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return 0
+    raw = []
+    for line in lines:
+        try:
+            raw.append(json.loads(line))
+        except ValueError:
+            continue  # a line the run's end cut short
+    hold_unfinished(session, job)  # a batch posted meanwhile is applied before this reads what arrived, or after
+    records = missed(session, job, parse_records(raw)[0])
+    apply_all(session, job, records, data_dir, learn)
+    return len(records)
+
+
+def missed(session: Session, job: Job, records: list[TelemetryRecord]) -> list[TelemetryRecord]:
+    """Those of a run's records (in the order it emitted them) that the API never got. The API gets a prefix
+    of them: batches are posted in order and each is applied whole. So every record past the last step it got
+    was missed, and of those at that step, each that left no trace."""
+    last = job.step
+
+    def got(record: TelemetryRecord) -> bool:
+        match record:
+            case StartRecord():
+                return job.total_steps is not None
+            case EvalRecord():
+                return session.exec(select(JobEvent.id).where(
+                    JobEvent.job_id == job.id, JobEvent.message == f"evaluation at step {record.step}")).first() is not None
+            case CheckpointRecord():
+                return session.exec(select(Checkpoint.id).where(
+                    Checkpoint.job_id == job.id, Checkpoint.step == record.step)).first() is not None
+            case CommRecord():
+                return (job.comm or {}).get("step") == record.step
+            case EndRecord():
+                return bool((job.result or {}).get("result_files"))
+        return True  # the step record of the last step got
+
+    return [record for record in records if record.step > last or (record.step == last and not got(record))]
+
+
+def apply_all(session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path,
+              learn: LinkLearner) -> None:
     for record in records:
         apply(session, job, record, learn)
     session.add(job)
@@ -90,7 +143,6 @@ def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_d
     if any(isinstance(record, EndRecord) for record in records):
         results = write_results_file(session=session, job=job, data_dir=data_dir)
         job.result = {**job.result, "result_files": [results.id]}
-    session.commit()
 
 
 def keep_within_caps(session: Session, job: Job) -> None:
