@@ -2,7 +2,12 @@
 
 - SM-active, tensor-active and DRAM-bandwidth shares from NVML's GPU Performance Monitoring (GPM, Hopper
   and newer, no root needed): the driver's counters between two samples, one at each end of the window, so
-  the whole window is covered and nothing runs in between (two NVML calls per window).
+  the whole window is covered and nothing runs in between (two NVML calls per window). The counters
+  refresh about every 100 ms (NVML's nvmlGpmMetricsGet): a window shorter than `MIN_GPM_WINDOW_SECONDS`
+  reads stale counters, so a short window is not closed: it is merged into the next, and the records in
+  between say so. On one H200 (benchmarks/results/gpm_window_check_h200_2026-12-04.json), GPT-2's 38 ms
+  steps read one by one gave 0.26 with 242 of 396 windows exactly 0, where a 1 s sampler of our own read
+  0.66; merged to 0.5 s they read 0.750 against 0.752 (median window error 0.005).
 - Kernel-active: NVML's `utilization.gpu`, the share of the driver's sample periods in which any kernel
   ran. A one-thread kernel reads 100%, so it is reported only under that name, never as utilization.
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -24,6 +30,8 @@ SM_UTIL, ANY_TENSOR_UTIL, DRAM_BW_UTIL = 2, 5, 10
 GPM_METRICS = {"sm_active_share": SM_UTIL, "tensor_active_share": ANY_TENSOR_UTIL,
                "dram_bandwidth_share": DRAM_BW_UTIL}
 NVML_GPU_UTILIZATION_SAMPLES = 1  # nvmlSamplingType_t: the driver's kernel-active samples
+# a steady load on the H200: windows of 65/130/260/515/1030 ms erred 0.13/0.055/0.019/0.009/0.007 (median)
+MIN_GPM_WINDOW_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -61,10 +69,13 @@ def unpack_sum(summed: list[float]) -> list[float | None]:
 class GpuActivitySampler:
     """Samples this rank's GPU at each window's ends. `nvml` is the `pynvml` module (a stand-in in tests)."""
 
-    def __init__(self, device, nvml=None, enabled: bool = True):
+    def __init__(self, device, nvml=None, enabled: bool = True, min_window: float = MIN_GPM_WINDOW_SECONDS,
+                 clock=time.monotonic):
         self.unavailable: str | None = None
         self._nvml = self._handle = self._samples = None
         self._last_kernel_sample = 0
+        self._min_window, self._clock = min_window, clock
+        self._window_start = clock()
         if not enabled:
             self.unavailable = "not read: metrics.gpu_activity is off"
             return
@@ -119,12 +130,18 @@ class GpuActivitySampler:
         return share(sum(s.sampleValue.uiVal for s in samples) / len(samples))
 
     def read(self) -> GpuActivity:
-        """The window since the last read (or since the sampler was made), then a new window starts."""
+        """The window since the last one closed (or since the sampler was made), then a new window starts;
+        a window too short for the GPM counters stays open and reads nothing."""
         if self._nvml is None or self._handle is None:
             return GpuActivity(unavailable=self.unavailable)
-        kernel_active = self._kernel_active()
         if self._samples is None:
-            return GpuActivity(kernel_active_share=kernel_active, unavailable=self.unavailable)
+            return GpuActivity(kernel_active_share=self._kernel_active(), unavailable=self.unavailable)
+        elapsed = self._clock() - self._window_start
+        if elapsed < self._min_window:  # too short for the counters: the next read covers this window too
+            return GpuActivity(unavailable=f"merged into a later record: {elapsed * 1e3:.0f} ms is shorter than "
+                                           f"the {self._min_window * 1e3:.0f} ms the GPU's counters resolve")
+        self._window_start += elapsed
+        kernel_active = self._kernel_active()
         nvml = self._nvml
         try:
             nvml.nvmlGpmSampleGet(self._handle, self._samples[1])

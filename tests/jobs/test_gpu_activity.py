@@ -79,13 +79,30 @@ def cuda_uuid(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(uuid="abc"))
 
 
+class Clock:
+    """Seconds that pass only when a test says so."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def sampler_with(nvml, **kwargs) -> tuple[GpuActivitySampler, Clock]:
+    clock = Clock()
+    return GpuActivitySampler(CUDA, nvml=nvml, clock=clock, **kwargs), clock
+
+
 def test_a_window_reads_the_gpm_shares_and_the_kernel_active_samples(cuda_uuid):
     nvml = FakeNvml()
-    sampler = GpuActivitySampler(CUDA, nvml=nvml)
+    sampler, clock = sampler_with(nvml)
+    clock.now += 1.0
     first = sampler.read()
     assert first == GpuActivity(sm_active_share=0.71, tensor_active_share=0.525, dram_bandwidth_share=0.18,
                                 kernel_active_share=0.98)
     nvml.kernel_samples.append((30, 50))
+    clock.now += 1.0
     second = sampler.read()  # the next window starts where the last ended: only the new sample counts
     assert second.kernel_active_share == 0.5 and second.sm_active_share == 0.71
     assert nvml.taken == 3
@@ -105,8 +122,27 @@ def test_a_missing_figure_says_why(cuda_uuid, device, nvml, enabled, reason):
     assert reading.sm_active_share is None and reading.unavailable == reason
 
 
+def test_windows_shorter_than_the_counters_resolve_are_merged_into_the_next_and_say_so(cuda_uuid):
+    """GPM's counters refresh about every 100 ms: 38 ms steps read one by one gave 0.26 (most windows
+    exactly 0) where a 1 s sampler read 0.66 on one H200. Short windows are never closed: the one that
+    reaches the minimum covers them all, from the one start sample."""
+    nvml = FakeNvml()
+    sampler, clock = sampler_with(nvml, min_window=0.5)
+    readings = []
+    for _ in range(16):
+        clock.now += 0.064
+        readings.append(sampler.read())
+    closed = [i for i, r in enumerate(readings) if r.sm_active_share is not None]
+    assert closed == [7, 15]  # 8 x 64 ms = 512 ms: the first window long enough, then the next
+    assert all(r.unavailable.startswith("merged into a later record: ") and "500 ms" in r.unavailable
+               for i, r in enumerate(readings) if i not in closed)
+    assert readings[7].sm_active_share == 0.71 and nvml.taken == 3  # one start sample, two ends
+
+
 def test_kernel_active_is_read_even_without_gpm(cuda_uuid):
-    reading = GpuActivitySampler(CUDA, nvml=FakeNvml(supported=False)).read()
+    sampler, clock = sampler_with(FakeNvml(supported=False))
+    clock.now += 1.0
+    reading = sampler.read()
     assert reading.kernel_active_share == 0.98 and reading.sm_active_share is None
 
 
