@@ -39,6 +39,7 @@ from gpu_runs import (  # noqa: E402
 )
 
 from tunewright_operator.planner import calibration  # noqa: E402
+from tunewright_operator.planner.band import band  # noqa: E402
 from tunewright_operator.planner.calibration_fit import run_setup  # noqa: E402
 from tunewright_operator.planner.estimate import Calibration, estimate  # noqa: E402
 from tunewright_operator.planner.hardware import GPU, Link, Pool  # noqa: E402
@@ -113,8 +114,11 @@ def predicted(run: Run, link: dict, name: str, cal: Calibration, gpu: GPU) -> di
                 intra_node=Link(f"{name} (measured)", link["bus_bytes_per_s"], link["latency_s"]), inter_node=None)
     workload, layout = run_setup(run._asdict())
     e = estimate(workload, layout, pool, cal)
+    spread = band(calibration.evidence(), "H200", layout.gpus, None, workload.seq_len, workload.method)
+    low, high = spread.around(e.step_seconds, inverse=True)
     return {"step_seconds": e.step_seconds, "comm_share": e.comm_share, "comm_share_exposed": e.exposed_comm_share,
-            "peak_memory_gib": e.peak_memory_bytes / 2**30}
+            "peak_memory_gib": e.peak_memory_bytes / 2**30, "step_seconds_p10": low, "step_seconds_p90": high,
+            "band_basis": spread.basis}
 
 
 def compare(rows: list[dict]) -> dict:
@@ -181,7 +185,7 @@ def run(args) -> int:
             write()
     result["choices"] = compare(result["runs"])
     write()
-    print(f"\n{'run':34} {'link':8} {'step ms pred/meas':>18} {'error':>7} {'comm pred/meas':>15} "
+    print(f"\n{'run':34} {'link':8} {'step ms pred/meas':>18} {'P10-P90 ms':>13} {'error':>7} {'comm pred/meas':>15} "
           f"{'exposed pred/meas':>18}")
     for row in result["runs"]:
         p = row["predicted"]
@@ -190,6 +194,7 @@ def run(args) -> int:
             continue
         error = p["step_seconds"] / row["step_seconds_median"] - 1
         print(f"{row['name']:34} {row['link']:8} {p['step_seconds'] * 1e3:>8.0f} / {row['step_seconds_median'] * 1e3:<7.0f} "
+              f"{p['step_seconds_p10'] * 1e3:>6.0f}-{p['step_seconds_p90'] * 1e3:<6.0f} "
               f"{error:>+7.1%} {_pair(p['comm_share'], row.get('comm_share')):>15} "
               f"{_pair(p['comm_share_exposed'], row.get('comm_share_exposed')):>18}")
     for what, choice in result["choices"].items():

@@ -112,6 +112,18 @@ class StrategyConfig(_Strict):
         default=None, description="Derived from the global batch when unset (1 when neither is set)."
     )
     activation_checkpointing: bool = False
+    activation_checkpointing_every: PositiveInt = Field(
+        default=1,
+        description="With activation_checkpointing: checkpoint one transformer block in every N (the 1st, "
+                    "(N+1)-th, ...: ceil(blocks / N) of them; torchtitan's selective layer checkpointing). 1: every "
+                    "block.",
+    )
+    reshard_after_forward: bool = Field(
+        default=True,
+        description="fsdp, hsdp: free each block's gathered weights after its forward (gathered again for its "
+                    "backward). false: keep them from forward to backward, one all-gather per block per "
+                    "micro-batch instead of two, for the memory of the gathered blocks.",
+    )
     precision: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",
         description="Compute precision (fp32 master weights and gradient reduction either way). auto: bf16 on GPU.",
@@ -139,6 +151,15 @@ class StrategyConfig(_Strict):
             raise ValueError("hsdp_shard_size only applies to strategy hsdp")
         if self.cpu_offload and not self.use_gpu:
             raise ValueError("cpu_offload moves GPU state to the host: it needs use_gpu: true")
+        if self.activation_checkpointing_every > 1 and not self.activation_checkpointing:
+            raise ValueError(
+                f"activation_checkpointing_every: {self.activation_checkpointing_every} picks the blocks to "
+                "checkpoint, but activation_checkpointing is false: set activation_checkpointing: true, or "
+                "activation_checkpointing_every: 1")
+        if not self.reshard_after_forward and self.type not in ("fsdp", "hsdp"):
+            raise ValueError(
+                f"reshard_after_forward: false keeps sharded weights gathered, but strategy {self.type} does not "
+                "shard them: use strategy fsdp or hsdp, or reshard_after_forward: true")
         return self
 
 

@@ -47,10 +47,29 @@ def load_model(cfg: JobConfig):
     )
     model.config.use_cache = False
     if cfg.strategy.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_blocks(model, every=cfg.strategy.activation_checkpointing_every)
     if cfg.method.type == "lora":
         model = apply_lora(cfg, model)
     return model
+
+
+def checkpoint_blocks(model, every: int) -> None:
+    """Activation checkpointing on one transformer block in every `every` (torchtitan's selective layer
+    checkpointing): the 1st, (every + 1)-th, ... as transformers' `every_n_layers` picks them. The others
+    keep their activations for backward instead of recomputing their forward. Counted from the first block,
+    not from the `every`-th as torchtitan does: the last block's backward comes first, so recomputing it
+    brings its activations back at the peak, and checkpointing it saves nearly nothing there. transformers
+    checkpoints each block that carries its own flag (`GradientCheckpointingLayer`), inside the block's
+    forward: FSDP2's hooks stay outside."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if every == 1:
+        return
+    for index, block in enumerate(transformer_blocks(model)):
+        if not hasattr(block, "gradient_checkpointing"):
+            raise ValueError(
+                f"strategy.activation_checkpointing_every: {type(model).__name__} checkpoints all its blocks or "
+                f"none ({type(block).__name__} has no gradient_checkpointing flag of its own): set it to 1")
+        block.gradient_checkpointing = index % every == 0
 
 
 def apply_lora(cfg: JobConfig, model):

@@ -142,7 +142,9 @@ def wrap_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> tuple[torc
 
 def shard_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
     """FSDP2: each transformer block sharded, then the rest; fp32 master weights, bf16 compute copies, fp32
-    gradient reduction."""
+    gradient reduction. A block's gathered copy is freed after its forward unless `keeps_blocks_gathered`
+    or `strategy.reshard_after_forward: false` keeps it for its backward (ZeRO-2-like: one all-gather per
+    block per micro-batch instead of two); the root (embeddings, head) follows the blocks."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -157,8 +159,8 @@ def shard_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.
     frozen_in_fsdp = any(not p.requires_grad and p not in outside.get("ignored_params", ()) for p in model.parameters())
     options = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
-               "reshard_after_forward": not keeps_blocks_gathered(shard_size=shape[-1], offload=offload,
-                                                                  frozen_in_fsdp=frozen_in_fsdp),
+               "reshard_after_forward": cfg.strategy.reshard_after_forward and not keeps_blocks_gathered(
+                   shard_size=shape[-1], offload=offload, frozen_in_fsdp=frozen_in_fsdp),
                **outside}
     for block in transformer_blocks(model):
         fully_shard(block, **options)

@@ -25,7 +25,9 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
         hyperparameters["max_steps"] = hp.max_steps
     strategy = {"type": plan.strategy, "num_workers": plan.workers, "use_gpu": plan.device == "gpu",
                 "micro_batch_size": plan.micro_batch, "grad_accum": plan.grad_accum,
-                "activation_checkpointing": plan.activation_checkpointing}
+                "activation_checkpointing": plan.activation_checkpointing,
+                "activation_checkpointing_every": plan.activation_checkpointing_every,
+                "reshard_after_forward": plan.reshard_after_forward}
     if plan.strategy == "hsdp":
         strategy["hsdp_shard_size"] = plan.shard_group
     if plan.cpu_offload:

@@ -178,6 +178,21 @@ class FineTuneJobSpec(CamelModel):
 # --- the plan ----------------------------------------------------------------------------------------
 
 
+class PredictionBand(CamelModel):
+    """P10-P90 of what a run is likely to measure: the prediction times the spread of measured over predicted
+    on runs the model was not fitted on, widened where the plan extrapolates (planner/band.py)."""
+
+    tokens_per_second_low: float = Field(description="P10 of trained tokens per second, all GPUs.")
+    tokens_per_second_high: float = Field(description="P90 of trained tokens per second, all GPUs.")
+    step_seconds_low: float = Field(description="P10 of one optimizer step.")
+    step_seconds_high: float = Field(description="P90 of one optimizer step.")
+    duration_seconds_low: float = Field(description="P10 of the whole run.")
+    duration_seconds_high: float = Field(description="P90 of the whole run.")
+    cost_usd_low: float = Field(alias="costUSDLow", description="P10 of the cost.")
+    cost_usd_high: float = Field(alias="costUSDHigh", description="P90 of the cost.")
+    basis: str = Field(max_length=1024, description="What the band comes from and where the plan extrapolates.")
+
+
 class Predicted(CamelModel):
     """The planner's predictions for one layout (per GPU where it says so)."""
 
@@ -201,6 +216,9 @@ class Predicted(CamelModel):
     memory_margin: float | None = Field(
         default=None, description="Share added to peakMemoryGiB for run-to-run variation before it is held against "
                                   "the usable memory per GPU (absent from plans made before the margin).")
+    band: PredictionBand | None = Field(
+        default=None, description="How far the time and cost predictions can be trusted (absent from plans made "
+                                  "before the band).")
 
 
 class RejectedOption(CamelModel):
@@ -221,6 +239,12 @@ class JobPlan(CamelModel):
     micro_batch: PositiveInt = Field(description="Sequences per forward pass per worker.")
     grad_accum: PositiveInt = Field(description="Micro-batches per optimizer step per worker.")
     activation_checkpointing: bool = False
+    activation_checkpointing_every: PositiveInt = Field(
+        default=1, description="With activationCheckpointing: one transformer block in every N checkpointed (the "
+                               "1st, (N+1)-th, ...: ceil(blocks / N) of them); 1: every block.")
+    reshard_after_forward: bool = Field(
+        default=True, description="fsdp, hsdp: false keeps each block's gathered weights from its forward to its "
+                                  "backward (one all-gather per block per micro-batch instead of two; more memory).")
     shard_group: PositiveInt = Field(default=1, description="Workers one copy of the training state is sharded over.")
     cpu_offload: bool = Field(default=False, description="Sharded states in host memory, optimizer on the CPU.")
     predicted: Predicted | None = Field(default=None, description="Absent where nothing is modelled (CPU).")

@@ -123,6 +123,8 @@ def test_lists_say_when_they_are_empty_and_plans_name_the_flag(server, user, tmp
     assert code == 1 and "maxSteps: needed when the dataset's size is unknown (give --dataset-tokens N" in err
     code, out, _ = run(capsys, *user, "plan", spec, "--pool", "h100x8", "--dataset-tokens", "2000000")
     assert code == 0 and "on pool h100x8" in out and "predicted:" in out
+    # the band, and what it extrapolates from (LoRA on several GPUs: every published run is full fine-tuning)
+    assert "likely:" in out and "(P10-P90)" in out and "band:      P10-P90 from" in out
 
 
 def test_version_completion_and_pipes(server, user):

@@ -105,5 +105,8 @@ def test_the_topology_check_measures_a_link_and_sets_the_planner_beside_the_runs
     for row in result["runs"]:
         assert row["step_seconds_median"] > 0 and row["comm_share"] > 0  # two ranks: collectives measured
         assert row["predicted"]["step_seconds"] > 0 and 0 < row["predicted"]["comm_share"] <= 1
+        predicted = row["predicted"]  # the plan's band beside each run
+        assert predicted["step_seconds_p10"] <= predicted["step_seconds"] <= predicted["step_seconds_p90"]
+        assert "extrapolates: lora on several GPUs" in predicted["band_basis"]
     assert set(result["choices"]) == {"lora over sockets"}
     assert result["choices"]["lora over sockets"]["planner"] in ("ddp", "fsdp")

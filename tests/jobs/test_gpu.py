@@ -65,8 +65,41 @@ def test_single_trains_as_fsdp2_on_a_mesh_of_one(tiny_models, tmp_path, single_g
     assert [r.loss for r in metrics(cfg)] == pytest.approx([r.loss for r in metrics(reference)], rel=2e-3)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp"])
-def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
+def test_selective_checkpointing_on_one_gpu_holds_between_none_and_every_block(tiny_models, tmp_path):
+    """bf16 full fine-tuning of the two-block Llama on micro-batches of 16k tokens, without validation (so
+    that the training step's activations make the peak): checkpointing its 1st block only learns as the
+    others do, and its peak memory lies between no checkpointing's and every block's."""
+    runs = {}
+    for name, strategy in (("none", {}), ("every", {"activation_checkpointing": True}),
+                           ("every-other", {"activation_checkpointing": True, "activation_checkpointing_every": 2})):
+        runs[name] = cuda_config(tiny_models, tmp_path / name, method={"type": "full"},
+                                 dataset={"validation": None},
+                                 hyperparameters={"max_steps": 20, "learning_rate": 2e-3, "seq_len": 512,
+                                                  "global_batch_size": 32},
+                                 strategy={"micro_batch_size": 32, **strategy})
+        torch.cuda.reset_peak_memory_stats()  # the runs share this process: each its own peak
+        train_without_ray(runs[name])
+        losses = [r.loss for r in metrics(runs[name])]
+        assert losses[-1] < 0.5 * losses[0], (name, losses)
+        assert losses[0] == pytest.approx(metrics(runs["none"])[0].loss, rel=1e-2)
+    peak = {name: metrics(cfg)[-1].peak_memory_gib for name, cfg in runs.items()}
+    assert peak["every"] < peak["every-other"] < peak["none"], peak
+
+
+def test_weights_kept_unsharded_until_backward_on_one_gpu(tiny_models, tmp_path, single_gpu_full):
+    """FSDP2 on one GPU with reshard_after_forward false (its one shard is kept gathered either way: this
+    runs the option, the two-GPU test below is where it changes what is gathered)."""
+    reference, _ = single_gpu_full
+    cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
+                      hyperparameters={"max_steps": 20, "learning_rate": 2e-3},
+                      strategy={"type": "fsdp", "reshard_after_forward": False})
+    result = train_without_ray(cfg)
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"], result
+    assert metrics(cfg)[0].loss == pytest.approx(metrics(reference)[0].loss, rel=1e-2)
+
+
+@pytest.mark.parametrize(("strategy", "reshard"), [("ddp", True), ("fsdp", True), ("hsdp", True), ("fsdp", False)])
+def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy, reshard):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     reference, _ = single_gpu_full
@@ -74,7 +107,8 @@ def test_two_gpus_match_one(tiny_models, tmp_path, single_gpu_full, strategy):
     cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
                       hyperparameters={"max_steps": 20, "learning_rate": 2e-3},
                       # two micro-batches per rank: the all-reduce across replicas waits for the second
-                      strategy={"type": strategy, "num_workers": 2, "micro_batch_size": 1, **shape})
+                      strategy={"type": strategy, "num_workers": 2, "micro_batch_size": 1,
+                                "reshard_after_forward": reshard, **shape})
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m",
                            "tunewright_jobs.run", "--no-ray", "--config", str(write_config(tmp_path / "j.json", cfg))],
                           env={**os.environ, "PYTHONPATH": python_path()},

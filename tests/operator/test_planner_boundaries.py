@@ -1,5 +1,6 @@
 """What the planner may import and read per request, and the benchmark that measures it."""
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from tunewright_operator.planner.models import CATALOG, from_hf_config, hf_confi
 
 ROOT = Path(__file__).resolve().parents[2]
 # what the API imports of the planner (its image has no numpy); the fit is the only numpy user
-PER_REQUEST = ["calibration", "estimate", "search", "hardware", "models", "jobs", "formulas"]
+PER_REQUEST = ["calibration", "estimate", "comm", "band", "search", "hardware", "models", "jobs", "formulas"]
 
 
 def test_the_per_request_planner_imports_without_numpy():
@@ -29,7 +30,10 @@ def test_the_committed_calibration_is_read_once_per_file(tmp_path):
     first = calibration.load()
     assert calibration.load() is first
     assert calibration.load(str(calibration.DEFAULT_FILE)) is first  # same file, other spelling
-    assert calibration.for_gpu("H100").matmul_efficiency == first[1].matmul_efficiency
+    # another chip: the H200's measured efficiency times the factor published runs on it fitted (scale.json)
+    factor = json.loads(calibration.SCALE_FILE.read_text())["efficiency_over_h200"]["H100"]
+    assert calibration.for_gpu("H100").matmul_efficiency == pytest.approx(first[1].matmul_efficiency * factor)
+    assert calibration.for_gpu("H200").matmul_efficiency == first[1].matmul_efficiency
     copy = tmp_path / "calibration.json"
     cal, gpu = first
     calibration.save(copy, cal, gpu, [])

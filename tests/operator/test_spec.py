@@ -83,3 +83,25 @@ def test_a_deadline_without_a_budget_asks_for_the_cheapest_plan_that_meets_it():
                       pool, cal, CATALOG["meta-llama/Llama-3.2-3B"])
     assert rushed.predicted.duration_seconds <= deadline < cheapest.predicted.duration_seconds
     assert rushed.predicted.cost_usd >= cheapest.predicted.cost_usd and "cheapest-within-deadline" in rushed.explanation
+
+
+def test_the_plan_carries_selective_checkpointing_and_kept_weights_to_the_runtime():
+    from tunewright_jobs.config import JobConfig
+    from tunewright_operator.jobconfig import runtime_config
+
+    wire = {"pool": "h200", "strategy": "fsdp", "workers": 8, "gpus": 8, "microBatch": 1, "gradAccum": 8,
+            "activationCheckpointing": True, "activationCheckpointingEvery": 2, "reshardAfterForward": False,
+            "shardGroup": 8, "explanation": "test"}
+    plan = JobPlan.model_validate(wire)
+    assert (plan.activation_checkpointing_every, plan.reshard_after_forward) == (2, False)
+    assert JobPlan.model_validate(plan.model_dump(by_alias=True)) == plan
+    emitted = runtime_config(FineTuneJobSpec.model_validate(SPEC), plan, name="ftjob-a", output_dir="/out",
+                             train="/data/train.jsonl", validation=None)
+    strategy = JobConfig.from_dict(emitted).strategy
+    assert (strategy.activation_checkpointing_every, strategy.reshard_after_forward) == (2, False)
+    older = JobPlan.model_validate({k: v for k, v in wire.items()
+                                    if k not in ("activationCheckpointingEvery", "reshardAfterForward")})
+    assert (older.activation_checkpointing_every, older.reshard_after_forward) == (1, True)
+    with pytest.raises(ValidationError) as err:
+        JobPlan.model_validate(wire | {"activationCheckpointingEvery": 0})
+    assert err.value.errors()[0]["loc"] == ("activationCheckpointingEvery",)

@@ -33,6 +33,7 @@ def plan_on_the_page(browser) -> tuple[dict, dict]:
     sent = browser.js("const e = document.querySelector('#plan-result details pre'); return e ? e.textContent : '{}'")
     request = json.loads(sent)
     return request, {"strategy": browser.text("#plan-result-strategy"), "cost": browser.text("#plan-result-cost"),
+                     "band": browser.text("#plan-result-band"), "band_basis": browser.text("#plan-result-band-basis"),
                      "rejected": browser.js("return [...document.querySelectorAll('#plan-rejected tbody tr')]"
                                             ".map(r => [...r.cells].map(c => c.innerText))"),
                      "title": browser.text("#plan-result-title")}
@@ -70,6 +71,9 @@ def test_the_plan_page_plans_a_described_pool_and_names_the_field_it_refuses(api
     assert shown["strategy"] == f"{plan['strategy']} · {plan['gpus']} GPUs" + (
         f" on {plan['nodes']} nodes" if plan["nodes"] > 1 else "")
     assert shown["cost"] == f"${plan['predicted']['costUSD']:,.2f}"
+    band = plan["predicted"]["band"]  # how far to trust it, and what that comes from
+    assert f"${band['costUSDLow']:,.2f}" in shown["band"] and f"${band['costUSDHigh']:,.2f}" in shown["band"]
+    assert shown["band_basis"] == band["basis"] and "P10-P90" in band["basis"]
     assert len(plan["rejected"]) >= 2 and shown["rejected"] == [
         [r["strategy"], str(r["gpus"]) if r["gpus"] is not None else "—", r["reason"]] for r in plan["rejected"]]
     assert "on the pool described" in shown["title"]

@@ -116,19 +116,49 @@ def progress_line(job: dict) -> str:
     return line
 
 
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def memory_layout(plan: dict) -> list[str]:
+    """What the plan does to fit in memory, beyond sharding. Plans made before selective checkpointing and
+    kept weights lack their fields: every block checkpointed, weights resharded."""
+    parts = []
+    if plan["activationCheckpointing"]:
+        every = plan.get("activationCheckpointingEvery", 1)
+        parts.append("activation checkpointing" + (f" (every {ordinal(every)} block)" if every > 1 else ""))
+    if not plan.get("reshardAfterForward", True):
+        parts.append("weights kept unsharded until backward")
+    if plan["cpuOffload"]:
+        parts.append("CPU offload")
+    return parts
+
+
 def plan_text(answer: dict) -> str:
     plan, p = answer["plan"], answer["plan"]["predicted"]
     lines = [f"{answer['model']['name']} ({answer['model']['parameters'] / 1e9:.2f}B) on pool {answer['pool']}",
              f"plan:      {plan['strategy']} on {plan['gpus']} GPUs ({plan['nodes']} node(s)), micro-batch "
              f"{plan['microBatch']} x {plan['gradAccum']}"
-             f"{', activation checkpointing' if plan['activationCheckpointing'] else ''}"
-             f"{', CPU offload' if plan['cpuOffload'] else ''}",
+             f"{''.join(', ' + part for part in memory_layout(plan))}",
              f"predicted: {p['peakMemoryGiB']:.1f} GiB/GPU, step {p['stepSeconds']:.3f} s, "
              f"{p['tokensPerSecond']:,.0f} tokens/s, MFU {p['mfu']:.0%}, communication {p['commShare']:.0%} "
              f"({p['exposedCommShare']:.0%} exposed), {p['durationSeconds'] / 3600:.2f} h, ${p['costUSD']:,.2f}",
+             *band_lines(p),
              f"why:       {plan['explanation']}"]
     lines += [f"rejected:  {r['strategy']}: {r['reason']}" for r in plan["rejected"]]
     return "\n".join(lines)
+
+
+def band_lines(predicted: dict) -> list[str]:
+    """The predictions' P10-P90 band and what it comes from (plans made before the band have none)."""
+    b = predicted.get("band")
+    if not b:
+        return []
+    return [f"likely:    {b['tokensPerSecondLow']:,.0f}-{b['tokensPerSecondHigh']:,.0f} tokens/s, "
+            f"{b['durationSecondsLow'] / 3600:.2f}-{b['durationSecondsHigh'] / 3600:.2f} h, "
+            f"${b['costUSDLow']:,.2f}-${b['costUSDHigh']:,.2f} (P10-P90)",
+            f"band:      {b['basis']}"]
 
 
 def diagnosis_text(found: dict) -> str:

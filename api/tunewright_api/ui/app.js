@@ -76,6 +76,26 @@ function methodOf(job) {
   return method.type === "lora" ? `LoRA r${(method.lora && method.lora.r) || 16}` : method.type || dash;
 }
 
+const ordinal = (n) => `${n}${n % 100 >= 10 && n % 100 <= 20 ? "th" : {1: "st", 2: "nd", 3: "rd"}[n % 10] ?? "th"}`;
+
+// What the plan does to fit in memory. Plans made before selective checkpointing and kept weights lack
+// their fields: every block checkpointed, weights resharded.
+function bandText(band) {
+  return `${fmtInt(band.tokensPerSecondLow)}-${fmtInt(band.tokensPerSecondHigh)} tokens/s, ` +
+    `${fmtSeconds(band.durationSecondsLow)}-${fmtSeconds(band.durationSecondsHigh)}, ` +
+    `${fmtUSD(band.costUSDLow)}-${fmtUSD(band.costUSDHigh)}`;
+}
+
+function memoryLayoutOf(plan) {
+  const every = plan.activationCheckpointingEvery ?? 1;
+  return [
+    !plan.activationCheckpointing ? "no activation checkpointing"
+      : every > 1 ? `activation checkpointing (every ${ordinal(every)} block)` : "activation checkpointing",
+    plan.reshardAfterForward === false ? "weights kept unsharded until backward" : null,
+    plan.cpuOffload ? "states offloaded to the CPU" : null,
+  ].filter(Boolean);
+}
+
 function layoutOf(plan) {
   if (!plan) return dash;
   const where = plan.device === "cpu" ? `${plan.workers} CPU worker${plan.workers === 1 ? "" : "s"}`
@@ -623,9 +643,10 @@ function jobPage(jobId) {
         h("dt", {}, "Pool"), h("dd", {}, plan.pool),
         h("dt", {}, "Batch"), h("dd", {}, `micro-batch ${plan.microBatch} × ${plan.gradAccum} accumulation × ${plan.workers} ` +
           `worker${plan.workers === 1 ? "" : "s"} = ${plan.microBatch * plan.gradAccum * plan.workers} sequences a step`),
-        h("dt", {}, "Memory"), h("dd", {}, [plan.activationCheckpointing ? "activation checkpointing" : "no activation checkpointing",
-          plan.cpuOffload ? "states offloaded to the CPU" : null, plan.shardGroup > 1 ? `sharded over ${plan.shardGroup}` : null]
-          .filter(Boolean).join(", "))),
+        h("dt", {}, "Memory"), h("dd", {}, [...memoryLayoutOf(plan),
+          plan.shardGroup > 1 ? `sharded over ${plan.shardGroup}` : null].filter(Boolean).join(", "))),
+      predicted?.band ? h("p", {class: "muted", id: "plan-band"},
+        `Likely (P10-P90): ${bandText(predicted.band)}. ${predicted.band.basis}`) : null,
       h("p", {class: "explanation", id: "plan-explanation"}, plan.explanation),
       predicted ? null : h("p", {class: "muted"}, "Nothing is predicted for this pool (the planner models GPU pools, not " +
         "this machine's CPUs): the measured values stand alone."),
@@ -983,15 +1004,16 @@ function drawPlanAnswer(result, answer, body) {
     h("dl", {class: "layout"},
       item("Strategy", layoutOf(plan), "plan-result-strategy"),
       item("Batch", `micro-batch ${plan.microBatch} × ${plan.gradAccum} accumulation × ${plan.workers} GPUs`),
-      item("Memory", [plan.activationCheckpointing ? "activation checkpointing" : "no activation checkpointing",
-                      plan.cpuOffload ? "states offloaded to the CPU" : null].filter(Boolean).join(", ")),
+      item("Memory", memoryLayoutOf(plan).join(", ")),
       item("Peak memory per GPU", fmtGiB(p.peakMemoryGiB)),
       item("Step", fmtSeconds(p.stepSeconds)),
       item("Tokens/s", fmtInt(p.tokensPerSecond)),
       item("MFU", fmtPct(p.mfu)),
       item("Communication", `${fmtPct(p.commShare)} of the step (${fmtPct(p.exposedCommShare)} exposed)`),
       item("Duration", fmtSeconds(p.durationSeconds)),
-      item("Cost", fmtUSD(p.costUSD), "plan-result-cost")),
+      item("Cost", fmtUSD(p.costUSD), "plan-result-cost"),
+      p.band ? item("Likely (P10-P90)", bandText(p.band), "plan-result-band") : null),
+    p.band ? h("p", {class: "muted", id: "plan-result-band-basis"}, p.band.basis) : null,
     h("p", {class: "explanation"}, plan.explanation),
     h("h3", {}, `Alternatives rejected (${plan.rejected.length})`),
     plan.rejected.length ? h("div", {class: "table-wrap"}, h("table", {id: "plan-rejected"},

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
 
+from tunewright_operator.planner.band import Evidence
 from tunewright_operator.planner.estimate import Calibration
 from tunewright_operator.planner.hardware import GPU, GPUS
 
@@ -26,10 +27,23 @@ def save(path: Path, calibration: Calibration, gpu: GPU, sources: list[str]) -> 
     _read.cache_clear()
 
 
+SCALE_FILE = Path(__file__).with_name("scale.json")  # scale_fit's: fitted on published multi-GPU runs
+# where a catalog GPU's compute efficiency comes from: the chip scale_fit learned it for, or the nearest one
+# measured (an Ada or Blackwell part borrows the Hopper factor, an Ampere one the A100's; the band widens)
+EFFICIENCY_OF = {"H100": "H100", "A100-80GB": "A100", "A100-40GB": "A100", "A10G": "A100", "L40S": "H100",
+                 "L4": "H100"}
+
+
 @lru_cache(maxsize=8)
 def _read(path: Path) -> tuple[Calibration, GPU]:
+    """The constants, with the step-time jitter the published multi-GPU runs fitted."""
     data = json.loads(path.read_text())
-    return Calibration(**data["calibration"]), GPU(**data["gpu"])
+    return replace(Calibration(**data["calibration"]), sync_jitter=_scale(SCALE_FILE)["sync_jitter"]), GPU(**data["gpu"])
+
+
+@lru_cache(maxsize=2)
+def _scale(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 def load(path: Path = DEFAULT_FILE) -> tuple[Calibration, GPU]:
@@ -38,11 +52,23 @@ def load(path: Path = DEFAULT_FILE) -> tuple[Calibration, GPU]:
 
 
 def for_gpu(name: str, path: Path = DEFAULT_FILE) -> GPU:
-    """A catalog GPU with the measured efficiencies (measured on H200; the same kernels reach similar shares
-    of peak on other Hopper and Ampere parts until their own runs replace them)."""
+    """A catalog GPU with its compute efficiencies: the H200's as our runs measured them; another chip's as
+    the H200's times the factor published FSDP runs on it fitted (scale_fit: their frameworks' kernels, not
+    ours; a pool's own runs replace it)."""
     _, measured = load(path)
-    return GPUS[name].calibrated(matmul_efficiency=measured.matmul_efficiency,
-                                 memory_efficiency=measured.memory_efficiency)
+    factor = _scale(SCALE_FILE)["efficiency_over_h200"].get(EFFICIENCY_OF.get(name, ""), 1.0)
+    return GPUS[name].calibrated(matmul_efficiency=measured.matmul_efficiency * factor,
+                                 memory_efficiency=measured.memory_efficiency * factor)
+
+
+def evidence() -> Evidence:
+    """What the uncertainty band of a plan is made of (band.py)."""
+    data = _scale(SCALE_FILE)
+    return Evidence(one_gpu=(data["one_gpu_h200"]["p10_ratio"], data["one_gpu_h200"]["p90_ratio"]),
+                    published=(data["held_out"]["p10_ratio"], data["held_out"]["p90_ratio"]),
+                    published_rows=data["held_out"]["rows"], one_gpu_rows=data["one_gpu_h200"]["rows"],
+                    largest_gpu_count=data["largest_gpu_count"], longest_sequence=data["longest_sequence"],
+                    network_range=tuple(data["network_bus_bytes_per_s"]))
 
 
 if __name__ == "__main__":  # the command that README and benchmarks/results name: the fit's own CLI

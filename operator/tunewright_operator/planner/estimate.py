@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunewright_operator.planner.comm import Group, UnitBytes, UnitCompute, step_comm
 from tunewright_operator.planner.hardware import GPU, Link, Pool
 from tunewright_operator.planner.models import ModelProfile
 
@@ -53,10 +54,17 @@ class Layout:
     activation_checkpointing: bool
     shard_group: int = 1  # GPUs one copy of the states is sharded over (single, ddp: 1; fsdp: all; hsdp: a group)
     cpu_offload: bool = False  # sharded states in host memory, optimizer step on the CPU
+    checkpoint_every: int = 1  # with activation checkpointing: one block in this many (2: every other)
+    reshard_after_forward: bool = True  # False: blocks stay gathered from forward to backward (one gather less)
 
     @property
     def replicas(self) -> int:
         return self.gpus // self.shard_group
+
+    @property
+    def checkpointed_share(self) -> float:
+        """The share of blocks whose activations are recomputed in backward."""
+        return 1 / self.checkpoint_every if self.activation_checkpointing else 0.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ class Calibration:
     act_bytes_per_ffn: float = 8.0  # gated MLP: gate, up, activation and product kept in bf16
     traffic_bytes_per_vocab: float = 26.0  # bf16 logits, fp32 copy, log-softmax and its gradient
     comm_interference: float = 0.3  # overlapped collectives still slow compute (SMs and HBM they share)
+    # each rank's step time jitters; a step waits for the slowest of n: + sync_jitter x sqrt(2 ln n) of compute
+    sync_jitter: float = 0.0
 
 
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
@@ -110,6 +120,12 @@ class Estimate:
     bounding_link: Link | None = None
     bounding_link_seconds: float = 0.0
     bounding_link_exposed_seconds: float = 0.0
+    # what the exposed communication is made of: the first gathers and last reductions of each micro-batch,
+    # and the blocks whose collectives outlast the compute they run under (per micro-batch)
+    exposed_ends_seconds: float = 0.0
+    outlasting_forward_blocks: int = 0
+    outlasting_backward_blocks: int = 0
+    sync_seconds: float = 0.0  # waiting for the slowest rank
 
     @property
     def comm_share(self) -> float:
@@ -173,7 +189,8 @@ def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
-        held = w.model.layers if layout.shard_group == 1 and not layout.cpu_offload else 2
+        keeps_all = (layout.shard_group == 1 or not layout.reshard_after_forward) and not layout.cpu_offload
+        held = w.model.layers if keeps_all else 2
         out["unsharded blocks"] = held * BF16 * block + (FP32 * block if w.method == "full" else 0)
         out[ROOT_GATHERED] = BF16 * w.model.params_outside_blocks
     return out
@@ -201,8 +218,10 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
     ffn = cal.act_bytes_per_ffn * m.ffn if m.gated_mlp else 0.0  # GPT-2's MLP is folded into its per-hidden rate
     per_layer = tokens * (cal.act_bytes_per_hidden[m.family] * m.hidden + ffn)
     if layout.activation_checkpointing:
-        # layer inputs kept (bf16), and one layer's activations alive while it is recomputed
-        layers = tokens * m.layers * BF16 * m.hidden + per_layer
+        # a checkpointed block keeps its input (bf16), the others all their activations; one block's alive
+        # while it is recomputed
+        checkpointed = m.layers * layout.checkpointed_share
+        layers = tokens * checkpointed * BF16 * m.hidden + (m.layers - checkpointed) * per_layer + per_layer
     else:
         layers = m.layers * per_layer
     # Backward scales the head's gradient into a second copy once the last chunk's logits are gone: the
@@ -255,12 +274,20 @@ def matmul_flops(w: Workload, layout: Layout) -> float:
     attention = 2 * w.seq_len * m.heads * m.head_dim * m.layers  # causal: half of 4·s·q per layer
     forward = dense + attention
     backward = dense + 2 * attention + (dense if w.method == "full" else 6 * w.trainable_params)
-    recompute = forward if layout.activation_checkpointing else 0
+    # the forward again, for the checkpointed share of the blocks (the head is not recomputed; the committed
+    # calibration was fitted counting it, and refitting without it moved single runs' errors both ways)
+    recompute = forward * layout.checkpointed_share
     return tokens * (forward + backward + recompute)
 
 
+def head_flops(w: Workload, layout: Layout) -> tuple[float, float]:
+    """The output head's matrix products of one micro-batch, forward and backward (the root unit's work)."""
+    forward = 2 * w.model.vocab * w.model.hidden * layout.micro_batch * w.seq_len
+    return forward, forward * (2 if w.method == "full" else 1)
+
+
 def recompute_factor(layout: Layout) -> float:
-    return 4 / 3 if layout.activation_checkpointing else 1.0  # the forward's third of the work runs twice
+    return 1 + layout.checkpointed_share / 3  # the forward's third of the blocks' work runs twice
 
 
 def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
@@ -290,37 +317,46 @@ def host_floor_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
     return lora_modules(w) * cal.host_seconds_per_lora_module_recompute
 
 
-def collective_seconds(nbytes: float, ranks: int, factor: float, link) -> float:
-    """latency + factor · bytes / busbw, factor 2(n-1)/n for all-reduce, (n-1)/n for gather/scatter."""
-    if ranks <= 1:
-        return 0.0
-    return link.latency_s * 2 * (ranks - 1) + factor * nbytes / link.bus_bytes_per_s
+def groups(layout: Layout, pool: Pool) -> tuple[Group, Group]:
+    """The shard group and the replica group of a layout, as the runtime's device mesh lays them out
+    (replicate x shard, ranks in node order): a shard group within a node or over whole nodes; the replica
+    group takes one rank of every shard group, and where it crosses nodes, the node's other GPUs' groups
+    cross them at the same time."""
+    g, k = layout.shard_group, layout.gpus // layout.nodes
+    shard = Group(g, max(1, g // k), 1)
+    replicas = layout.replicas
+    per_node = k // g if g <= k else 1  # one replica group's ranks on each node it spans
+    spans = layout.nodes if g <= k else layout.nodes // (g // k)
+    return shard, Group(replicas, spans, max(1, k // per_node) if spans > 1 else 1)
 
 
-@dataclass(frozen=True)
-class Collectives:
-    shard_seconds: float  # all-gathers and reduce-scatters in the shard group, every micro-batch
-    replica_seconds: float  # the all-reduce across replicas, once per step (last micro-batch's backward)
-    shard_link: Link
-    replica_link: Link
+def unit_compute(w: Workload, layout: Layout, cal: Calibration, gpu: GPU) -> UnitCompute:
+    """One micro-batch's compute split into what FSDP's collectives run under: each block's forward and
+    backward (its recompute in backward), and the root's (embeddings, head and loss)."""
+    m = w.model
+    rate = gpu.bf16_flops * gpu.matmul_efficiency
+    bandwidth = gpu.hbm_bytes_per_s * gpu.memory_efficiency
+    tokens = layout.micro_batch * w.seq_len
+    head_forward, head_backward = head_flops(w, layout)
+    blocks = matmul_flops(w, layout) - head_forward - head_backward
+    attention = 2 * w.seq_len * m.heads * m.head_dim * m.layers
+    block_forward_share = tokens * (2 * m.layers * m.layer_linear_params + attention) / blocks
+    vocab_traffic = tokens * m.vocab * cal.traffic_bytes_per_vocab
+    blocks_seconds = (blocks / rate + (memory_bound_bytes(w, layout, cal) - vocab_traffic) / bandwidth
+                      + fixed_seconds(w, layout, cal)) / m.layers
+    return UnitCompute(block_forward=blocks_seconds * block_forward_share,
+                       block_backward=blocks_seconds * (1 - block_forward_share),
+                       root_forward=head_forward / rate + vocab_traffic / 2 / bandwidth,
+                       root_backward=head_backward / rate + vocab_traffic / 2 / bandwidth)
 
 
-def collectives(w: Workload, layout: Layout, pool: Pool) -> Collectives:
-    """Seconds of collectives per optimizer step, as the runtime issues them (FSDP2, on every strategy with
-    more than one rank)."""
-    inter = pool.inter_node or pool.intra_node
-    # a ring over several nodes runs at its slowest hop (of equal bandwidths, the one of higher latency)
-    world_link = (min(pool.intra_node, inter, key=lambda link: (link.bus_bytes_per_s, -link.latency_s))
-                  if layout.nodes > 1 else pool.intra_node)
-    g, replicas = layout.shard_group, layout.replicas
-    shard_link = pool.intra_node if g <= pool.gpus_per_node else world_link
-    trainable = w.trainable_params
-    # every weight is gathered in bf16, frozen ones too, in forward and again in backward; fp32 gradients
-    # are reduce-scattered
-    per_micro = (2 * collective_seconds(BF16 * w.model.params, g, (g - 1) / g, shard_link)
-                 + collective_seconds(FP32 * trainable, g, (g - 1) / g, shard_link))
-    replica = collective_seconds(FP32 * trainable / g, replicas, 2 * (replicas - 1) / replicas, world_link)
-    return Collectives(per_micro * layout.grad_accum, replica, shard_link, world_link)
+def unit_bytes(w: Workload) -> UnitBytes:
+    """Per unit: every weight gathered in bf16 (frozen ones too), trainable gradients reduced in fp32."""
+    m = w.model
+    root_trainable = m.params_outside_blocks if w.method == "full" else 0
+    return UnitBytes(block_weights=BF16 * m.layer_linear_params,
+                     block_gradients=FP32 * (w.trainable_params - root_trainable) / m.layers,
+                     root_weights=BF16 * m.params_outside_blocks, root_gradients=FP32 * root_trainable)
 
 
 def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
@@ -347,28 +383,23 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
     else:
         opt = ADAMW_BYTES_PER_PARAM * local_trainable / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
     compute = mm + mb
-    comm = collectives(w, layout, pool)
+    shard, replica = groups(layout, pool)
+    comm = step_comm(w.model.layers, micro, unit_compute(w, layout, cal, gpu), unit_bytes(w), shard, replica, pool,
+                     layout.reshard_after_forward, cal.sync_jitter)
     copies = offload_seconds(w, layout, gpu)
-    # The replica all-reduce overlaps the last micro-batch's backward (about 2/3 of its compute); gathers,
-    # reduce-scatters and offload copies are prefetched under the compute of the whole step.
-    last_backward = (2 / 3) * compute / micro
-    exposed_replica = max(0.0, comm.replica_seconds - last_backward)
-    streamed = comm.shard_seconds + copies
-    exposed_streamed = max(0.0, streamed - (compute - min(comm.replica_seconds, last_backward)))
-    streamed_comm_part = comm.shard_seconds / streamed if streamed else 0.0
-    exposed_comm = exposed_replica + exposed_streamed * streamed_comm_part
-    exposed_copies = exposed_streamed * (1 - streamed_comm_part)
-    total_comm = comm.shard_seconds + comm.replica_seconds
-    hidden = total_comm + copies - exposed_comm - exposed_copies
-    step = compute + opt + exposed_comm + exposed_copies + cal.comm_interference * hidden
+    # offload copies are prefetched under the compute the collectives leave
+    exposed_copies = max(0.0, copies - max(0.0, compute - (comm.total_seconds - comm.exposed_seconds)))
+    hidden = comm.total_seconds - comm.exposed_seconds + copies - exposed_copies
+    step = compute + opt + comm.exposed_seconds + exposed_copies + cal.comm_interference * hidden + comm.sync_seconds
     host = host_state_bytes(w, layout)
     on_link: dict[Link, tuple[float, float]] = {}  # (total, exposed) seconds per link
-    for link, total, exposed in ((comm.shard_link, comm.shard_seconds, exposed_streamed * streamed_comm_part),
-                                 (comm.replica_link, comm.replica_seconds, exposed_replica)):
-        if total:
+    for link, total, exposed in ((comm.shard_link, comm.shard_seconds, comm.exposed_shard_seconds),
+                                 (comm.replica_link, comm.replica_seconds, comm.exposed_replica_seconds)):
+        if link is not None and total:
             before = on_link.get(link, (0.0, 0.0))
             on_link[link] = (before[0] + total, before[1] + exposed)
     bounding = max(on_link, key=lambda link: (on_link[link][1], on_link[link][0]), default=None)
     link_total, link_exposed = on_link.get(bounding, (0.0, 0.0))
-    return Estimate(sum(memory.values()), memory, host, step, mm, mb, opt, total_comm, exposed_comm, copies,
-                    exposed_copies, moment, bounding, link_total, link_exposed)
+    return Estimate(sum(memory.values()), memory, host, step, mm, mb, opt, comm.total_seconds, comm.exposed_seconds,
+                    copies, exposed_copies, moment, bounding, link_total, link_exposed, comm.ends_seconds,
+                    comm.outlasting_forward, comm.outlasting_backward, comm.sync_seconds)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from tunewright_operator.planner.calibration import evidence as committed_evidence
 from tunewright_operator.planner.estimate import Calibration, Workload
 from tunewright_operator.planner.hardware import Pool
 from tunewright_operator.planner.models import ModelProfile
@@ -100,4 +101,4 @@ def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profil
                  else "cheapest-within-deadline" if res.deadline_seconds is not None else "cheapest")
     return plan(workload(spec, profile, dataset_tokens), pool, calibration, objective=objective,
                 strategy=res.strategy, max_gpus=res.max_gpus, budget_usd=res.budget_usd,
-                deadline_seconds=res.deadline_seconds)
+                deadline_seconds=res.deadline_seconds, evidence=committed_evidence())

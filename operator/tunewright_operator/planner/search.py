@@ -1,8 +1,9 @@
 """Search layouts for a workload on a pool, choose one by objective, and say why.
 
-Strategy × GPU count × nodes × shard group × micro-batch × accumulation × activation checkpointing ×
-CPU offload (sharded states in host memory, optimizer on the CPU: slower, but it fits a model on fewer
-GPUs, which the cheapest objective may prefer).
+Strategy × GPU count × nodes × shard group × micro-batch × accumulation × activation checkpointing (none,
+every block, every other block) × CPU offload (sharded states in host memory, optimizer on the CPU: slower,
+but it fits a model on fewer GPUs, which the cheapest objective may prefer) × for FSDP and HSDP, weights
+resharded after forward or kept gathered until backward (one gather less per block, more memory).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tunewright_operator.planner.band import Evidence, band
 from tunewright_operator.planner.estimate import (
     TRANSIENT_TERMS,
     Calibration,
@@ -20,7 +22,7 @@ from tunewright_operator.planner.estimate import (
     estimate,
 )
 from tunewright_operator.planner.hardware import GIB, Pool
-from tunewright_operator.spec import STRATEGIES, JobPlan, Predicted, RejectedOption
+from tunewright_operator.spec import STRATEGIES, JobPlan, Predicted, PredictionBand, RejectedOption
 
 USABLE_MEMORY = 0.9  # allocator fragmentation, CUDA context, NCCL buffers: measured reserved ran up to +15%
 # The allocator's peak varies from run to run: Llama-1B full at micro-batch 8 on one H200 read 68.6 GiB in one
@@ -90,10 +92,11 @@ def layouts(w: Workload, pool: Pool, strategies: tuple[str, ...], max_gpus: int)
                     per_rank = w.global_batch // gpus
                     if per_rank % micro:
                         continue
-                    for checkpointing in (False, True):
+                    for checkpointing, every in ((False, 1), (True, 1), (True, 2)):
                         for offload in (False, True):
-                            yield Layout(strategy, gpus, nodes, micro, per_rank // micro, checkpointing, shard,
-                                         offload)
+                            for reshard in (True, False) if strategy in ("fsdp", "hsdp") and not offload else (True,):
+                                yield Layout(strategy, gpus, nodes, micro, per_rank // micro, checkpointing, shard,
+                                             offload, every, reshard)
 
 
 def shard_groups(strategy: str, gpus: int, nodes: int, gpus_per_node: int) -> list[int]:
@@ -170,12 +173,15 @@ def _describe(c: Candidate) -> str:
             f"{f' in groups of {lay.shard_group}' if lay.strategy == 'hsdp' else ''}"
             f", micro-batch {lay.micro_batch} x {lay.grad_accum}"
             f"{', activation checkpointing' if lay.activation_checkpointing else ''}"
+            f"{' (every other block)' if lay.activation_checkpointing and lay.checkpoint_every == 2 else ''}"
+            f"{', weights kept unsharded until backward' if not lay.reshard_after_forward else ''}"
             f"{', CPU offload' if lay.cpu_offload else ''}")
 
 
 def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest", strategy: str = "auto",
          max_gpus: int | None = None, budget_usd: float | None = None,
-         deadline_seconds: float | None = None) -> JobPlan:
+         deadline_seconds: float | None = None, evidence: Evidence | None = None) -> JobPlan:
+    """The best layout by `objective`; with `evidence` (calibration.evidence()), its predictions' band."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective: must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if objective == "fastest-within-budget" and budget_usd is None:
@@ -234,7 +240,7 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     for c in shown + passed_over:
         rejected.append(RejectedOption(strategy=c.layout.strategy, gpus=c.layout.gpus,
                                        reason=_compare(c, chosen, objective)))
-    return _to_plan(w, chosen, best, pool, objective, _noting(rejected, cap), cap)
+    return _to_plan(w, chosen, best, pool, objective, _noting(rejected, cap), cap, evidence)
 
 
 def _noting(rejected: list[RejectedOption], cap: BatchCap | None) -> list[RejectedOption]:
@@ -330,20 +336,45 @@ def _compare(c: Candidate, chosen: Candidate, objective: str) -> str:
     return f"best layout {_describe(c)}: {verdict} (objective: {objective})"
 
 
+def _exposed(e: Estimate) -> str:
+    """What the exposed communication is made of, in the model's terms (comm.py)."""
+    parts = []
+    if e.exposed_ends_seconds > 0:
+        parts.append(f"the first gathers and last reductions of each micro-batch ({e.exposed_ends_seconds:.3f} s)")
+    if e.outlasting_forward_blocks:
+        parts.append(f"{e.outlasting_forward_blocks} blocks whose gather outlasts the forward it runs under")
+    if e.outlasting_backward_blocks:
+        parts.append(f"{e.outlasting_backward_blocks} whose backward collectives outlast their backward")
+    return f"; exposed: {', '.join(parts)}" if parts else ""
+
+
 def _communication(e: Estimate) -> str:
     shares = f"{e.comm_share:.0%} of the step in collectives, {e.exposed_comm_share:.0%} exposed"
     if e.bounding_link is None:
         return shares
     if e.bounding_link_seconds >= e.comm_seconds:
-        return f"{shares}, all on {_link(e)}"
+        return f"{shares}, all on {_link(e)}{_exposed(e)}"
     return (f"{shares}; bound by {_link(e)}: {e.bounding_link_seconds / e.step_seconds:.0%} of the step, "
-            f"{e.bounding_link_exposed_seconds / e.step_seconds:.0%} exposed")
+            f"{e.bounding_link_exposed_seconds / e.step_seconds:.0%} exposed{_exposed(e)}")
+
+
+def prediction_band(w: Workload, c: Candidate, pool: Pool, evidence: Evidence) -> PredictionBand:
+    b = band(evidence, pool.gpu.name, c.layout.gpus, pool.inter_node if c.layout.nodes > 1 else None, w.seq_len,
+             w.method)
+    (tps_low, tps_high), (step_low, step_high) = b.around(c.tokens_per_second), b.around(c.estimate.step_seconds, True)
+    (duration_low, duration_high), (cost_low, cost_high) = (b.around(c.duration_seconds, True),
+                                                            b.around(c.cost_usd, True))
+    return PredictionBand(tokens_per_second_low=tps_low, tokens_per_second_high=tps_high, step_seconds_low=step_low,
+                          step_seconds_high=step_high, duration_seconds_low=duration_low,
+                          duration_seconds_high=duration_high, cost_usd_low=cost_low, cost_usd_high=cost_high,
+                          basis=b.basis)
 
 
 def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: str, rejected: list[RejectedOption],
-             cap: BatchCap | None) -> JobPlan:
+             cap: BatchCap | None, evidence: Evidence | None) -> JobPlan:
     e, lay, m = c.estimate, c.layout, w.model
     mfu = c.tokens_per_second / lay.gpus * m.flops_per_token(w.seq_len, w.method) / pool.gpu.bf16_flops
+    spread = prediction_band(w, c, pool, evidence) if evidence else None
     predicted = Predicted(
         peak_memory_gib=e.peak_memory_bytes / GIB, step_seconds=e.step_seconds, matmul_seconds=e.matmul_seconds,
         memory_bound_seconds=e.memory_bound_seconds, optimizer_seconds=e.optimizer_seconds,
@@ -353,6 +384,7 @@ def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: 
         exposed_comm_share=e.exposed_comm_share, mfu=mfu, tokens_per_second=c.tokens_per_second,
         duration_seconds=c.duration_seconds, cost_usd=c.cost_usd,
         memory_breakdown_gib={k: v / GIB for k, v in e.memory_breakdown.items()}, memory_margin=MEMORY_MARGIN,
+        band=spread,
     )
     # named by the largest part of the step (a step can be bound by two at once: say the larger)
     regime = max([("compute-bound", e.matmul_seconds), ("memory-bandwidth-bound", e.memory_bound_seconds),
@@ -373,15 +405,22 @@ def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: 
         f"of {USABLE_MEMORY * pool.gpu.memory_gib:.0f} GiB usable{offload}; {regime}: step {e.step_seconds:.3f} s = "
         f"{e.matmul_seconds:.3f} matmul + {e.memory_bound_seconds:.3f} memory-bound + "
         f"{e.optimizer_seconds:.3f} optimizer + {e.exposed_comm_seconds:.3f} exposed communication "
-        f"({_communication(e)}); "
+        f"({_communication(e)})"
+        f"{f' + {e.sync_seconds:.3f} waiting for the slowest of {lay.gpus} ranks' if e.sync_seconds else ''}; "
         f"{c.tokens_per_second:,.0f} tokens/s, MFU {mfu:.0%}, {math.ceil(c.duration_seconds / 60)} min, "
         f"${c.cost_usd:,.2f}."
     )
+    if spread is not None:
+        explanation += (f" Likely {spread.tokens_per_second_low:,.0f}-{spread.tokens_per_second_high:,.0f} tokens/s, "
+                        f"{math.ceil(spread.duration_seconds_low / 60)}-{math.ceil(spread.duration_seconds_high / 60)} "
+                        f"min, ${spread.cost_usd_low:,.2f}-${spread.cost_usd_high:,.2f} ({spread.basis}).")
     if c is not best:
         explanation += f" Near tie: {_describe(best)} is {_near_tie(best, c, objective)}."
     if cap is not None and lay.gpus == cap.gpus:
         explanation += f" The global batch holds it to {cap.gpus} GPUs: {cap.note()}."
     return JobPlan(pool=pool.name, strategy=lay.strategy, workers=lay.gpus, gpus=lay.gpus, nodes=lay.nodes,
                    micro_batch=lay.micro_batch, grad_accum=lay.grad_accum,
-                   activation_checkpointing=lay.activation_checkpointing, shard_group=lay.shard_group,
+                   activation_checkpointing=lay.activation_checkpointing,
+                   activation_checkpointing_every=lay.checkpoint_every,
+                   reshard_after_forward=lay.reshard_after_forward, shard_group=lay.shard_group,
                    cpu_offload=lay.cpu_offload, predicted=predicted, explanation=explanation, rejected=rejected)

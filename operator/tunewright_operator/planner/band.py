@@ -1,0 +1,78 @@
+"""How far a prediction can be trusted: a P10-P90 band of measured over predicted tokens/s, from the
+errors on runs the model was not fitted on, widened where the plan extrapolates beyond them.
+
+- One H200: the committed one-GPU runs held out of the calibration (calibration_fit).
+- Anything else: the published multi-GPU runs held out of the scale fit (scale_fit: other frameworks,
+  model sizes, GPU counts and clusters than the fit set).
+
+The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
+run measured, more GPUs than the largest published run, a network no published run used, sequences longer
+than the fit's, or LoRA on several GPUs (every published run is full fine-tuning). `basis` says which.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tunewright_operator.planner.hardware import Link
+
+MEASURED_ONE_GPU = "H200"
+# the chips the scale fit learned an efficiency for, by catalog name; the rest borrow the nearest one's
+MEASURED_CHIPS = {"H200": "H200", "H100": "H100", "A100-80GB": "A100", "A100-40GB": "A100"}
+UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the band is made of (the committed scale.json)."""
+
+    one_gpu: tuple[float, float]  # P10, P90 of measured over predicted tokens/s, one H200
+    published: tuple[float, float]  # the same, published multi-GPU runs held out
+    published_rows: int
+    one_gpu_rows: int
+    largest_gpu_count: int
+    longest_sequence: int
+    network_range: tuple[float, float]  # the inter-node bus bandwidths (bytes/s per node) published runs had
+
+
+@dataclass(frozen=True)
+class Band:
+    low: float  # measured over predicted tokens/s, P10
+    high: float  # P90
+    basis: str  # what it comes from and where it extrapolates
+
+    def around(self, value: float, inverse: bool = False) -> tuple[float, float]:
+        """The band of a predicted quantity: tokens/s scale with it; step time, duration and cost inversely."""
+        return (value / self.high, value / self.low) if inverse else (value * self.low, value * self.high)
+
+
+def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len: int, method: str) -> Band:
+    """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node)."""
+    one_measured_gpu = gpus == 1 and gpu == MEASURED_ONE_GPU
+    low, high = evidence.one_gpu if one_measured_gpu else evidence.published
+    basis = (f"{evidence.one_gpu_rows} one-GPU H200 runs held out of the calibration" if one_measured_gpu else
+             f"{evidence.published_rows} published multi-GPU runs held out of the fit (other frameworks, sizes, "
+             "GPU counts and clusters)")
+    widen, reasons = 1.0, []
+    if gpu not in MEASURED_CHIPS:
+        widen *= UNMEASURED_GPU
+        reasons.append(f"no run measured a {gpu}")
+    if gpus > evidence.largest_gpu_count:
+        widen *= 1 + BEYOND_LARGEST * math.log2(gpus / evidence.largest_gpu_count)
+        reasons.append(f"{gpus} GPUs, beyond the largest published run ({evidence.largest_gpu_count})")
+    slowest, fastest = evidence.network_range
+    if network is not None and not slowest <= network.bus_bytes_per_s <= fastest:
+        widen *= UNMEASURED_NETWORK
+        reasons.append(f"no published run crossed nodes at {network.bus_bytes_per_s / 1e9:.3g} GB/s ({network.name}; "
+                       f"they ran at {slowest / 1e9:.3g}-{fastest / 1e9:.3g})")
+    if seq_len > evidence.longest_sequence:
+        widen *= LONGER_SEQUENCES
+        reasons.append(f"sequences of {seq_len} tokens, beyond the fit's {evidence.longest_sequence}")
+    if method != "full" and gpus > 1:
+        widen *= LORA_ON_SEVERAL
+        reasons.append(f"{method} on several GPUs (every published run is full fine-tuning)")
+    low, high = min(low, 1.0), max(high, 1.0)
+    low, high = math.exp(math.log(low) * widen), math.exp(math.log(high) * widen)
+    extrapolates = f"; extrapolates: {', '.join(reasons)}" if reasons else "; within what was measured"
+    return Band(low, high, f"P10-P90 from {basis}{extrapolates}")

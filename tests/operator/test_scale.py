@@ -1,0 +1,84 @@
+"""The planner at scale against published multi-GPU measurements (benchmarks/published/multi_gpu_runs.json):
+fitted on one source, checked on every other (scale_fit.py), and the band that follows (band.py)."""
+
+import json
+import math
+
+import pytest
+
+from tunewright_operator.planner import calibration, scale_fit
+from tunewright_operator.planner.band import Evidence, band
+from tunewright_operator.planner.hardware import LINKS
+
+COMMITTED = json.loads(scale_fit.SCALE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def found() -> list[dict]:
+    cal, h200 = calibration.load()
+    constants = scale_fit.ScaleConstants(COMMITTED["efficiency_over_h200"], COMMITTED["sync_jitter"])
+    return scale_fit.errors(scale_fit.rows(), cal, h200, constants)
+
+
+@pytest.mark.slow
+def test_the_committed_constants_are_the_fit_of_the_published_runs():
+    cal, h200 = calibration.load()
+    fitted = scale_fit.fit(scale_fit.rows(), cal, h200)
+    assert fitted.efficiency == pytest.approx(COMMITTED["efficiency_over_h200"], rel=1e-6)
+    assert fitted.sync_jitter == COMMITTED["sync_jitter"]
+
+
+def test_the_fit_set_and_the_held_out_runs_come_from_different_sources(found):
+    fit = {r["id"].split("-")[0] for r in found if not r["held_out"]}
+    held_out = {r["id"].split("-")[0] for r in found if r["held_out"]}
+    assert fit == {"llmfoundry"} and len(held_out) >= 4 and not fit & held_out
+    assert sum(not r["held_out"] for r in found) >= 100 and sum(r["held_out"] for r in found) >= 25
+    assert max(r["gpus"] for r in found if r["held_out"]) >= 256  # the largest runs are held out
+
+
+def test_held_out_published_runs_are_predicted_within_the_targets_without_one_sided_bias(found):
+    """Issue 32: tokens/s per GPU within 15% in the median and 35% at worst on runs not fitted on, neither
+    always faster nor always slower. Runs the framework compiled (torch.compile) are outside the model and
+    reported apart (scale_fit's `held_out_compiled`)."""
+    held_out = scale_fit.summary(found)["held_out"]
+    assert held_out["median_abs_error"] <= 0.15 and held_out["max_abs_error"] <= 0.35
+    assert 0.2 <= held_out["share_over_predicted"] <= 0.8
+    for key in ("median_abs_error", "max_abs_error", "p10_ratio", "p90_ratio"):  # what the band is made of
+        assert held_out[key] == pytest.approx(COMMITTED["held_out"][key]), key
+
+
+def test_scaling_losses_come_with_exposed_communication_and_weak_scaling_follows_the_published(found):
+    """Where published per-GPU throughput falls by more than 5% from a series' smallest GPU count to its
+    largest, the model exposes communication there; where it does not rise (a rise is no communication
+    effect: the tables' other settings), the predicted ratio is within 0.035 of the published one."""
+    series = scale_fit.weak_scaling(found)
+    assert len(series) >= 10
+    for s in series:
+        if s["measured"] < 0.95:
+            assert s["exposed_at_largest"] > 0, s
+        if s["measured"] <= 1.01:
+            assert abs(s["predicted"] - s["measured"]) <= 0.035, s
+
+
+EVIDENCE = Evidence(one_gpu=(0.94, 1.28), published=(0.96, 1.21), published_rows=28, one_gpu_rows=9,
+                    largest_gpu_count=464, longest_sequence=8192, network_range=(45e9, 360e9))
+
+
+@pytest.mark.parametrize(("gpu", "gpus", "network", "seq_len", "method", "widened", "says"), [
+    ("H200", 1, None, 2048, "full", 1.0, "one-GPU H200 runs"),
+    ("H100", 64, LINKS["ib-8x400g"], 4096, "full", 1.0, "within what was measured"),
+    ("H100", 64, LINKS["eth-100g"], 4096, "full", 1.5, "no published run crossed nodes at 11.2 GB/s"),
+    ("H100", 928, LINKS["ib-8x400g"], 4096, "full", 1.5, "928 GPUs, beyond the largest published run (464)"),
+    ("L40S", 8, None, 2048, "full", 2.0, "no run measured a L40S"),
+    ("H100", 8, None, 32768, "full", 2.0, "sequences of 32768 tokens"),
+    ("H100", 8, None, 2048, "lora", 1.25, "lora on several GPUs"),
+])
+def test_the_band_widens_where_the_plan_extrapolates(gpu, gpus, network, seq_len, method, widened, says):
+    b = band(EVIDENCE, gpu, gpus, network, seq_len, method)
+    base = EVIDENCE.one_gpu if (gpu, gpus) == ("H200", 1) else EVIDENCE.published
+    assert math.log(b.low) == pytest.approx(math.log(min(base[0], 1.0)) * widened)
+    assert math.log(b.high) == pytest.approx(math.log(max(base[1], 1.0)) * widened)
+    assert b.low <= 1 <= b.high and says in b.basis
+    low, high = b.around(100.0)
+    assert (low, high) == pytest.approx((100 * b.low, 100 * b.high))
+    assert b.around(10.0, inverse=True) == pytest.approx((10 / b.high, 10 / b.low))  # step time, cost
