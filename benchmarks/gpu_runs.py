@@ -175,17 +175,18 @@ def _set(key: str, value: str | None) -> None:
 
 
 def launch_runtime(config: dict, out: Path, gpus: int, timeout: float,
-                   devices: str | None = None) -> subprocess.CompletedProcess:
-    """Write `config` to out/job.json and run the runtime on it without Ray (under torchrun on several GPUs);
-    its output is kept in out/log.txt."""
+                   devices: str | None = None, ray: bool = False) -> subprocess.CompletedProcess:
+    """Write `config` to out/job.json and run the runtime on it: through Ray Train as the product runs it
+    (`ray`: a Ray of its own, one worker per GPU), or without Ray (under torchrun on several GPUs); its
+    output is kept in out/log.txt."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(config, indent=2))
     launcher = [sys.executable, "-m", "tunewright_jobs.run"]
-    if gpus > 1:
+    if gpus > 1 and not ray:
         launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={gpus}", "-m",
                     "tunewright_jobs.run"]
-    proc = subprocess.run([*launcher, "--no-ray", "--config", str(out / "job.json")], env=runtime_env(devices),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([*launcher, *([] if ray else ["--no-ray"]), "--config", str(out / "job.json")],
+                          env=runtime_env(devices), capture_output=True, text=True, timeout=timeout)
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     return proc
 
@@ -194,7 +195,8 @@ PROFILED_STEPS = 3  # the last steps of a run: the communication-share window
 WARMUP_STEPS = 3  # allocator growth, cuBLAS/NCCL setup
 
 
-def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices: str | None) -> dict:
+def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices: str | None,
+            ray: bool = False) -> dict:
     info = models[run.model]
     seq_len = 128 if smoke else run.seq_len
     out = work / run.name
@@ -216,7 +218,7 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
     }
     started = time.time()
     try:
-        proc = launch_runtime(config, out, run.gpus, timeout=240, devices=devices)
+        proc = launch_runtime(config, out, run.gpus, timeout=240, devices=devices, ray=ray)
     except subprocess.TimeoutExpired as err:
         return {"name": run.name, **run._asdict(), "returncode": None, "error": f"timed out: {err}"}
     row = {"name": run.name, **run._asdict(), "seq_len": seq_len, "wall_seconds": time.time() - started,

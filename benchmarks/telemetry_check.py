@@ -181,7 +181,7 @@ def run(args) -> int:
             started = time.time()
             try:
                 with environment({SLOW_RANK_ENV: spec.slow_rank}):  # the runtime's environment is this one's
-                    proc = launch_runtime(config, out, spec.gpus, timeout=300)
+                    proc = launch_runtime(config, out, spec.gpus, timeout=300, ray=args.ray)
             except subprocess.TimeoutExpired as err:
                 runs.append({"telemetry": telemetry, "error": f"timed out: {err}"})
                 continue
@@ -393,6 +393,7 @@ def main() -> int:
                                                           "profiler window past step 100)")
     r.add_argument("--repeats", type=int, default=2, help="off/on pairs per case")
     r.add_argument("--smoke", action="store_true", help="tiny models on the CPU: checks the script")
+    r.add_argument("--ray", action="store_true", help="run through Ray Train, as the product does (default: torchrun)")
     a = sub.add_parser("analyze")
     a.add_argument("measured", type=Path)
     a.add_argument("traces", type=Path)

@@ -4,9 +4,10 @@ On two GPUs of one host, NCCL is kept off NVLink and shared memory (`NCCL_P2P_DI
 TCP sockets, a slow "network" between the two GPUs). In one invocation, for each link (NVLink, sockets):
 - the link is measured: an all-reduce's bus bandwidth (nccl-tests' busbw: 2(n-1)/n x bytes / time) over
   large messages, and its latency over small ones;
-- LoRA and full fine-tuning run as DDP and as FSDP over it (the runtime under torchrun, `gpu_runs.run_one`);
-- the planner is given a pool whose link is the measured one, and its step time, communication shares and
-  choice between DDP and FSDP are set beside the measured runs.
+- LoRA and full fine-tuning run as DDP and as FSDP over it (the runtime under torchrun, `gpu_runs.run_one`;
+  with `--ray`, through Ray Train as the product runs it);
+- the planner is given a pool whose link is the measured one, and its step time (with its P10-P90 band),
+  communication shares and choice between DDP and FSDP are set beside the measured runs.
 
   python benchmarks/topology_check.py run --out OUT          # on a machine with two GPUs
   python benchmarks/topology_check.py run --out OUT --smoke  # two gloo ranks on the CPU: checks the script
@@ -177,7 +178,7 @@ def run(args) -> int:
         write()
         for r in runs:
             with environment(env):
-                row = run_one(r, models, link_work, args.steps, args.smoke, None)
+                row = run_one(r, models, link_work, args.steps, args.smoke, None, ray=args.ray)
             row.update({"link": name, "predicted": predicted(r, link, name, cal, gpu)})
             result["runs"].append(row)
             print(json.dumps({k: row.get(k) for k in ("name", "link", "step_seconds_median", "comm_share",
@@ -221,6 +222,7 @@ def main() -> int:
     r.add_argument("--links", nargs="+", choices=list(LINK_ENVS), default=list(LINK_ENVS))
     r.add_argument("--methods", nargs="+", choices=["lora", "full"], default=["lora", "full"])
     r.add_argument("--smoke", action="store_true", help="tiny models, two gloo ranks on the CPU")
+    r.add_argument("--ray", action="store_true", help="run through Ray Train, as the product does (default: torchrun)")
     w = sub.add_parser("link-worker", help="one rank of the link measurement (under torchrun)")
     w.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

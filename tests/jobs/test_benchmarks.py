@@ -88,11 +88,12 @@ def test_the_telemetry_check_names_a_straggler_on_two_ranks(tmp_path):
     assert [n.split("-")[0] for n in names] == ["rank0", "rank1"]
 
 
-@pytest.mark.slow  # two tiny runs on two gloo ranks and a link measurement (about a minute here)
-def test_the_topology_check_measures_a_link_and_sets_the_planner_beside_the_runs(tmp_path):
+@pytest.mark.slow  # two tiny runs on two gloo ranks and a link measurement (about a minute here; Ray: two)
+@pytest.mark.parametrize("ray", [False, True], ids=["torchrun", "ray-train"])
+def test_the_topology_check_measures_a_link_and_sets_the_planner_beside_the_runs(tmp_path, ray):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "topology_check.py"), "run", "--smoke",
                            "--out", str(tmp_path), "--work", str(tmp_path / "work"), "--steps", "10",
-                           "--links", "sockets", "--methods", "lora"],
+                           "--links", "sockets", "--methods", "lora", *(["--ray"] if ray else [])],
                           capture_output=True, text=True, timeout=600, env={"PATH": "/usr/bin:/bin",
                                                                             "TOKENIZERS_PARALLELISM": "false"})
     assert done.returncode == 0, done.stderr[-3000:]
