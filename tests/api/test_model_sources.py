@@ -26,7 +26,8 @@ def exported_job(server: Server, tenant: str, model: Path) -> Path:
     with Session(server.app.state.engine) as session:
         owner = session.exec(select(Tenant).where(Tenant.name == tenant)).one()
         job = Job(tenant_id=owner.id, status="succeeded", model=str(model), spec={})
-        merged = server.settings.data_dir.resolve() / "jobs" / job.id / "output" / "final" / "merged"
+        job.run_dir = str(server.settings.data_dir.resolve() / "jobs" / job.id)
+        merged = Path(job.run_dir) / "output" / "final" / "merged"
         shutil.copytree(model, merged)
         job.result = {"export": {"adapter": str(merged.with_name("adapter")), "merged": str(merged)}}
         session.add(job)
@@ -83,3 +84,31 @@ def test_a_model_name_longer_than_any_file_name_is_refused_naming_the_field(quie
                          | {"model": {"source": source}})
     assert refused.status_code == 422, refused.text
     assert refused.json()["error"]["param"] == "model.source" and "at most 255" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("source", ["output/../../../../../../srv/private/Llama-3.1-8B", "a/b/c", "../x", "./x"])
+def test_a_model_path_the_run_would_read_relative_to_its_folder_is_a_path_not_a_hub_name(quiet_server, source):
+    """Only `name` or `org/name` is a hub id: anything else would be read by the run relative to its own
+    folder (the roots and the data folder never checked), so it is checked as a path, and refused relative."""
+    alice = quiet_server.tenant("alice")
+    refused = alice.post("/v1/jobs", json=tiny_spec(Path("/unused"), upload(alice, TRAIN).json()["id"])
+                         | {"model": {"source": source}})
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["param"] == "model.source" and "must be absolute" in refused.json()["error"]["message"]
+
+
+def test_an_export_a_run_reports_elsewhere_opens_nothing_there(quiet_server, tiny_models):
+    """A run's end record names its export; a run (its token) could name any folder, the data folder's
+    uploads say: what a tenant may read and download is where the server ran the job, whatever it reported."""
+    alice = quiet_server.tenant("alice")
+    merged = exported_job(quiet_server, "alice", tiny_models["llama"])
+    uploads = quiet_server.settings.data_dir.resolve() / "files"
+    with Session(quiet_server.app.state.engine) as session:
+        job = session.exec(select(Job).where(Job.status == "succeeded")).one()
+        job.result = {"export": {"merged": str(uploads / "anything")}}
+        session.add(job)
+        session.commit()
+    train = upload(alice, TRAIN).json()["id"]
+    assert alice.post("/v1/jobs", json=tiny_spec(merged, train)).status_code == 201  # its own export still
+    refused = alice.post("/v1/jobs", json=tiny_spec(uploads, train))
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "model_path_not_allowed", refused.text

@@ -49,13 +49,16 @@ def test_held_out_published_runs_are_predicted_within_the_targets_without_one_si
 
 def test_scaling_losses_come_with_exposed_communication_and_weak_scaling_follows_the_published(found):
     """Where published per-GPU throughput falls by more than 5% from a series' smallest GPU count to its
-    largest, the model exposes communication there; where it does not rise (a rise is no communication
-    effect: the tables' other settings), the predicted ratio is within 0.035 of the published one."""
+    largest, the model exposes more communication at the largest (the first gathers are exposed at any
+    count: more than zero alone would say nothing); where it does not rise (a rise is no communication
+    effect: the tables' other settings), the predicted ratio is within 0.035 of the published one. The
+    series are llm-foundry's but one (KempnerForge, 2 to 4 GPUs): the held-out sources publish one GPU count
+    per setting, their scaling is checked by their rows' errors above."""
     series = scale_fit.weak_scaling(found)
-    assert len(series) >= 10
+    assert len(series) >= 10 and sum(s["measured"] < 0.95 for s in series) >= 2
     for s in series:
         if s["measured"] < 0.95:
-            assert s["exposed_at_largest"] > 0, s
+            assert s["exposed_at_largest"] > s["exposed_at_smallest"], s
         if s["measured"] <= 1.01:
             assert abs(s["predicted"] - s["measured"]) <= 0.035, s
 

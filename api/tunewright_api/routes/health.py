@@ -58,7 +58,9 @@ def sees_each_job(session: Session, settings: Settings, authorization: str | Non
     a misconfigured scraper is told."""
     if authorization is None:
         return False
-    if settings.metrics_token and hmac.compare_digest(bearer_token(authorization), settings.metrics_token):
+    # as bytes: compare_digest refuses str with characters outside ASCII (a stray header would be a 500)
+    if settings.metrics_token and hmac.compare_digest(bearer_token(authorization).encode(),
+                                                      settings.metrics_token.encode()):
         return True
     if not token_of(session, authorization).admin:
         raise HTTPException(403, "per-job metrics need the metrics token (TUNEWRIGHT_METRICS_TOKEN) or an admin "

@@ -22,19 +22,26 @@ def export_folder(job: Job) -> Path:
     if on_volume:
         raise ApiError(409, f"job {job.id}'s model is on the cluster's volume ({on_volume[0]}): copy it from a pod "
                             "that mounts the claim, e.g. kubectl cp", "job_id", "artifacts_on_cluster")
-    folder = Path(next(iter(export.values()))).parent
-    if not folder.is_dir():
+    # the folder this server's run wrote (never one the run's telemetry names: a run could name any folder)
+    folder = final_folder(job)
+    if folder is None or not folder.is_dir():
         raise ApiError(410, f"job {job.id}'s exported model is no longer on this server ({folder.name} is gone)",
                        "job_id", "artifacts_gone")
     return folder
 
 
+def final_folder(job: Job) -> Path | None:
+    """`<run_dir>/output/final`: where this server's run of the job moves its exports (the local backend's
+    layout), resolved; None for a job whose run is not on this server."""
+    return Path(job.run_dir).resolve() / "output" / "final" if job.run_dir else None
+
+
 def export_folders(session: Session, tenant: Tenant) -> list[Path]:
-    """The folders this server holds the tenant's exports in (each job's `final`), resolved: what of the data
-    folder a job of this tenant's may read (fine-tuning its own model further)."""
-    results = session.exec(select(Job.result).where(Job.tenant_id == tenant.id)).all()
-    return sorted({Path(where).resolve().parent for result in results
-                   for where in ((result or {}).get("export") or {}).values() if where and "://" not in where})
+    """The folders this server holds the tenant's exports in (each succeeded job's `final`, from where the
+    server ran it, not from what the run reported): what of the data folder a job of this tenant's may read
+    (fine-tuning its own model further)."""
+    jobs = session.exec(select(Job).where(Job.tenant_id == tenant.id, Job.status == "succeeded")).all()
+    return sorted({folder for job in jobs if (folder := final_folder(job)) is not None})
 
 
 def listing(job: Job) -> list[dict]:

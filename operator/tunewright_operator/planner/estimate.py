@@ -323,7 +323,7 @@ def groups(layout: Layout, pool: Pool) -> tuple[Group, Group]:
     group takes one rank of every shard group, and where it crosses nodes, the node's other GPUs' groups
     cross them at the same time."""
     g, k = layout.shard_group, layout.gpus // layout.nodes
-    shard = Group(g, max(1, g // k), 1)
+    shard = Group(g, -(-g // k), 1)  # the nodes it spans, a partly used one included
     replicas = layout.replicas
     per_node = k // g if g <= k else 1  # one replica group's ranks on each node it spans
     spans = layout.nodes if g <= k else layout.nodes // (g // k)

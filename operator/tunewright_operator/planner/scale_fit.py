@@ -242,6 +242,7 @@ def weak_scaling(found: list[dict]) -> list[dict]:
         out.append({"series": "/".join(map(str, key)), "from": counts[0], "to": counts[-1],
                     "held_out": small["held_out"], "measured": large["measured"] / small["measured"],
                     "predicted": large["predicted"] / small["predicted"],
+                    "exposed_at_smallest": small["exposed_comm_share"],
                     "exposed_at_largest": large["exposed_comm_share"]})
     return out
 

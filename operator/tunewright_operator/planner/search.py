@@ -105,7 +105,8 @@ def shard_groups(strategy: str, gpus: int, nodes: int, gpus_per_node: int) -> li
     if strategy == "fsdp":
         return [gpus]
     if strategy == "hsdp":
-        within = [g for g in (2, 4, 8, 16) if g < min(gpus, gpus_per_node) and gpus % g == 0]
+        # a group within a node divides the node's GPUs too, so no group straddles two nodes
+        within = [g for g in (2, 4, 8, 16) if g < min(gpus, gpus_per_node) and gpus % g == 0 and gpus_per_node % g == 0]
         return within + [k * gpus_per_node for k in range(1, nodes) if nodes % k == 0]
     return [1]
 
