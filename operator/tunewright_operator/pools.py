@@ -7,20 +7,27 @@ planned on wrongly, so every disagreement is reported in its status, in words.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import ValidationError
 
 from tunewright_operator.planner import calibration
+from tunewright_operator.planner.estimate import Calibration, Layout, Workload, estimate
 from tunewright_operator.planner.hardware import (
+    GPU,
     GPUS,
     LINKS,
     Link,
     Pool,
+    fold_efficiency,
     fold_measurement,
     gpu_from_product_name,
     learned,
+    learned_gpu,
     measured_bus_bytes_per_s,
+    measured_efficiency_factor,
 )
-from tunewright_operator.spec import GPUPoolSpec, GPUPoolStatus, JobPlan, MeasuredLinks
+from tunewright_operator.spec import GPUPoolSpec, GPUPoolStatus, JobPlan, MeasuredEfficiency, MeasuredLinks
 
 PRODUCT_LABEL, MEMORY_LABEL, GPU_RESOURCE = "nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu"
 MEMORY_TOLERANCE = 0.1  # the catalog's usable memory is the datasheet's less what the driver keeps
@@ -60,13 +67,21 @@ def discovered(pool: GPUPoolSpec, nodes: list[dict], generation: int | None = No
                          disagreements=disagreements)
 
 
-def planner_pool(name: str, spec: GPUPoolSpec, measured: MeasuredLinks | None = None) -> Pool:
+def planner_pool(name: str, spec: GPUPoolSpec, measured: MeasuredLinks | None = None,
+                 efficiency: MeasuredEfficiency | None = None) -> Pool:
     """The pool as the planner models it (its GPU calibrated against the measured H200 runs); with
-    learnLinks, each link at the bandwidth the pool's jobs measured (`status.measuredLinks`)."""
+    learnLinks, each link at the bandwidth the pool's jobs measured (`status.measuredLinks`) and its GPU at
+    the compute efficiency they measured (`status.measuredEfficiency`)."""
     links = measured.model_dump(by_alias=True) if measured is not None and spec.learn_links else {}
-    return Pool(name, calibration.for_gpu(spec.gpu), spec.gpus_per_node, spec.max_nodes,
+    learnt = efficiency.model_dump(by_alias=True) if efficiency is not None and spec.learn_links else None
+    return Pool(name, gpu_as_planned(spec.gpu, learnt), spec.gpus_per_node, spec.max_nodes,
                 *links_as_planned(spec.intra_node, spec.inter_node, links), spec.price_per_gpu_hour,
                 spec.host_memory_gib)
+
+
+def gpu_as_planned(gpu: str, measured: dict | None) -> GPU:
+    """A pool's GPU at the catalog's efficiency, times the factor its jobs measured where `measured` holds one."""
+    return learned_gpu(calibration.for_gpu(gpu), gpu, measured)
 
 
 def links_as_planned(intra_node: str, inter_node: str | None, measured: dict) -> tuple[Link, Link | None]:
@@ -84,6 +99,16 @@ def measured_links_of(gpupool: dict) -> MeasuredLinks | None:
     found = (gpupool.get("status") or {}).get("measuredLinks")
     try:
         return MeasuredLinks.model_validate(found) if found else None
+    except ValidationError:
+        return None
+
+
+def measured_efficiency_of(gpupool: dict) -> MeasuredEfficiency | None:
+    """A GPUPool object's measured efficiency (None where none is, or where a hand-edited status is not
+    ours to read: the job plans on the catalog's efficiency rather than fail)."""
+    found = (gpupool.get("status") or {}).get("measuredEfficiency")
+    try:
+        return MeasuredEfficiency.model_validate(found) if found else None
     except ValidationError:
         return None
 
@@ -111,3 +136,37 @@ def learnt_links(plan: JobPlan, pool_name: str, intra_node: str, inter_node: str
     return ({**measured, key: fold_measurement(measured.get(key), bus, job_id, at)},
             f"pool {pool_name}: {name} measured {bus / 1e9:.3g} GB/s bus bandwidth in this window (declared "
             f"{LINKS[name].bus_bytes_per_s / 1e9:.3g}); its next plans use the mean of its last windows")
+
+
+def catalog_compute_seconds(plan: JobPlan, w: Workload, pool: Pool, cal: Calibration) -> float:
+    """The plan's compute per step (matmul + memory-bound) as its layout runs on the catalog's GPU: what a
+    measured efficiency is a factor over, whatever factor the plan itself was made with."""
+    layout = Layout(plan.strategy, plan.gpus, plan.nodes, plan.micro_batch, plan.grad_accum,
+                    plan.activation_checkpointing, plan.shard_group, plan.cpu_offload,
+                    plan.activation_checkpointing_every, plan.reshard_after_forward)
+    at_catalog = estimate(w, layout, replace(pool, gpu=calibration.for_gpu(pool.gpu.name)), cal)
+    return at_catalog.matmul_seconds + at_catalog.memory_bound_seconds
+
+
+def learns_efficiency(plan: JobPlan) -> bool:
+    """Whether the profiler windows of a job so planned say anything of its pool's GPUs (any GPU count)."""
+    return plan.device == "gpu" and plan.gpus >= 1 and plan.predicted is not None
+
+
+def learnt_efficiency(plan: JobPlan, pool_name: str, gpu: str, measured: dict | None, catalog_compute: float,
+                      measured_step_seconds: float, measured_exposed_comm_seconds: float, job_id: str,
+                      at: float) -> tuple[dict, str] | None:
+    """A pool's measured efficiency with one profiler window more, and what was learnt (for the job's
+    events); None where the window teaches nothing or is in already (a batch of telemetry sent again)."""
+    if not learns_efficiency(plan):
+        return None
+    if measured and measured.get("lastJob") == job_id and measured.get("measuredAt") == at:
+        return None
+    p = plan.predicted
+    factor = measured_efficiency_factor(catalog_compute, p.matmul_seconds + p.memory_bound_seconds, p.step_seconds,
+                                        p.exposed_comm_seconds, measured_step_seconds, measured_exposed_comm_seconds)
+    if factor is None:
+        return None
+    return (fold_efficiency(measured, gpu, factor, job_id, at),
+            f"pool {pool_name}: its {gpu}s computed at {factor:.3g}x the catalog's efficiency in this window; its "
+            f"next plans use the mean of its last windows")

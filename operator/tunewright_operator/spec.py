@@ -367,6 +367,19 @@ class MeasuredLinks(CamelModel):
     inter_node: MeasuredLink | None = Field(default=None, description="Between nodes.")
 
 
+class MeasuredEfficiency(CamelModel):
+    """What the profiler windows of a pool's jobs measured of its GPUs' compute: a running mean."""
+
+    gpu: Literal[tuple(GPUS)] = Field(description="The GPU type measured (a record of another type is not used).")  # type: ignore[valid-type]
+    factor: Annotated[float, Field(gt=0)] = Field(
+        description="The catalog's matmul and memory-bound efficiencies times this make the predicted compute "
+                    "what the windows measured (catalog-efficiency compute / measured compute).")
+    windows: Annotated[int, Field(ge=1, le=LINK_WINDOWS_KEPT)] = Field(
+        description=f"Profiler windows in the mean (the last {LINK_WINDOWS_KEPT} at most).")
+    last_job: str = Field(max_length=253, description="The job whose window was folded in last.")
+    measured_at: Annotated[float, Field(ge=0)] = Field(description="When (Unix seconds).")
+
+
 class GPUPoolStatus(CamelModel):
     """What the operator discovered from the Nodes matching the pool's selector."""
 
@@ -382,3 +395,5 @@ class GPUPoolStatus(CamelModel):
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
     measured_links: MeasuredLinks | None = Field(default=None, description=(
         "Links as the pool's jobs measured them (with spec.learnLinks); clear it to forget them."))
+    measured_efficiency: MeasuredEfficiency | None = Field(default=None, description=(
+        "Compute efficiency as the pool's jobs measured it (with spec.learnLinks); clear it to forget it."))

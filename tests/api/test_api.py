@@ -272,7 +272,7 @@ def test_pools_and_dry_run_plans(server, tiny_models):
     assert server.client().post("/v1/pools", json=H100_POOL).status_code == 409
     # a pool that learns its links (opt-in): nothing measured yet; forgetting is the admin's
     learning = server.client().post("/v1/pools", json={**H100_POOL, "name": "learns", "learnLinks": True}).json()
-    assert (learning["learnLinks"], learning["measuredLinks"]) == (True, None)
+    assert (learning["learnLinks"], learning["measuredLinks"], learning["measuredEfficiency"]) == (True, None, None)
     assert alice.delete("/v1/pools/learns/measured-links").status_code == 403
     assert server.client().delete("/v1/pools/learns/measured-links").json()["measuredLinks"] is None
     assert server.client().delete("/v1/pools/nowhere/measured-links").status_code == 404

@@ -41,13 +41,16 @@ class PoolCreate(PoolDescription):
     learn_links: bool = Field(default=False, description=(
         "Opt-in: each profiler window of a multi-GPU job planned on this pool measures the bandwidth its "
         "collectives got from the link they crossed, and the next plans use the mean of the last windows "
-        "instead of the declared figure (measuredLinks; DELETE /v1/pools/{name}/measured-links forgets them)."))
+        "instead of the declared figure (measuredLinks; DELETE /v1/pools/{name}/measured-links forgets them). "
+        "Every window also measures the GPUs' compute against the catalog's efficiency, and the next plans "
+        "use the mean factor (measuredEfficiency)."))
 
 
 def pool_public(p: GpuPool) -> dict:
     return {"object": "pool", "name": p.name, "gpu": p.gpu, "gpusPerNode": p.gpus_per_node, "maxNodes": p.max_nodes,
             "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour,
-            "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links, "measuredLinks": p.measured_links}
+            "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links, "measuredLinks": p.measured_links,
+            "measuredEfficiency": p.measured_efficiency}
 
 
 @router.get("/pools")

@@ -14,12 +14,22 @@ from tunewright_api.models import GpuPool, Job
 from tunewright_api.names import name_problem
 from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import Pool
-from tunewright_operator.planner.jobs import plan_job
+from tunewright_operator.planner.jobs import plan_job, workload
 from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_operator.planner.search import NoPlan
-from tunewright_operator.pools import learnt_links, links_as_planned
+from tunewright_operator.pools import (
+    catalog_compute_seconds,
+    gpu_as_planned,
+    learns_efficiency,
+    learnt_efficiency,
+    learnt_links,
+    links_as_planned,
+)
 from tunewright_operator.spec import FineTuneJobSpec, JobPlan
 
+# what a hub id looks like (name, or org/name: no `..`, one slash): anything else is a path, checked as one,
+# since the run would read it relative to its own folder
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 SYSTEM_FOLDERS = tuple(Path(p) for p in ("/proc", "/sys", "/dev", "/etc", "/root", "/run", "/var/run", "/boot"))
 
 
@@ -42,7 +52,7 @@ def check_model_source(source: str, roots: list[Path] | None, *, param: str, dat
     if (problem := name_problem(named)) is not None:  # before any file call, which would fail on it
         raise ApiError(422, f"{source!r} {problem}: a model is a hub name (org/name), a volume (pvc://claim/path) "
                             "or a local path", param, "invalid_value")
-    if not named.startswith(("/", ".", "~")) and "://" not in named and not Path(named).exists():
+    if HUB_ID.match(named) and not Path(named).exists():
         return source  # a hub name (org/name): nothing here is read
     if "://" in source:
         raise ApiError(422, f"{source!r}: a model is a hub name (org/name, hf://org/name), a volume "
@@ -86,9 +96,11 @@ def profile_for(source: str, *, param: str) -> ModelProfile:
 
 
 def pool_of(described: GpuPool) -> Pool:
-    """The planner's pool; with learnLinks, each link at the bandwidth the pool's jobs measured."""
+    """The planner's pool; with learnLinks, each link at the bandwidth the pool's jobs measured and its GPU
+    at the compute efficiency they measured."""
     measured = (described.measured_links or {}) if described.learn_links else {}
-    return Pool(described.name, calibration.for_gpu(described.gpu), described.gpus_per_node, described.max_nodes,
+    efficiency = described.measured_efficiency if described.learn_links else None
+    return Pool(described.name, gpu_as_planned(described.gpu, efficiency), described.gpus_per_node, described.max_nodes,
                 *links_as_planned(described.intra_node, described.inter_node, measured),
                 described.price_per_gpu_hour, described.host_memory_gib)
 
@@ -107,6 +119,32 @@ def learn_links(session: Session, job: Job, transfer_seconds: float, at: float) 
     if learnt is None:
         return None
     pool.measured_links, said = learnt
+    session.add(pool)
+    return said
+
+
+def learn_efficiency(session: Session, job: Job, step_seconds: float, exposed_comm_seconds: float,
+                     at: float) -> str | None:
+    """Fold a profiler window's measured step (less its exposed communication) into the described pool the
+    job was planned on, where that pool learns (learnLinks); what was learnt, for the job's events."""
+    plan = job.job_plan
+    if plan is None or not learns_efficiency(plan):
+        return None
+    pool = session.exec(select(GpuPool).where(GpuPool.name == plan.pool).with_for_update()).first()
+    if pool is None or not pool.learn_links:
+        return None
+    spec = FineTuneJobSpec.model_validate(job.spec)
+    try:
+        profile = profile_for(spec.model.source, param="model.source")
+    except ApiError:
+        return None  # the model's config is gone since the plan: nothing to compare the window with
+    cal, _ = calibration.load()
+    catalog = catalog_compute_seconds(plan, workload(spec, profile, dataset_tokens=1), pool_of(pool), cal)
+    learnt = learnt_efficiency(plan, pool.name, pool.gpu, pool.measured_efficiency, catalog, step_seconds,
+                               exposed_comm_seconds, job.id, at)
+    if learnt is None:
+        return None
+    pool.measured_efficiency, said = learnt
     session.add(pool)
     return said
 

@@ -23,7 +23,7 @@ from tunewright_api.models import (
     add_event,
     results_file_id,
 )
-from tunewright_api.services.plans import learn_links
+from tunewright_api.services.plans import learn_efficiency, learn_links
 from tunewright_api.states import TERMINAL
 from tunewright_api.telemetry import (
     CheckpointRecord,
@@ -193,6 +193,11 @@ def apply(session: Session, job: Job, record: TelemetryRecord, learn: LinkLearne
             transfer = (record.transfer_seconds_per_step if record.transfer_seconds_per_step is not None
                         else record.comm_seconds_per_step)
             if (learnt := learn(session, job, transfer, record.time)) is not None:
+                add_event(session, job, learnt)
+            # the window's own step: less what opening and closing the profiler cost it
+            step_seconds = record.profiled_step_seconds - (record.window_cost_seconds or 0.0) / record.profiled_steps
+            if (learnt := learn_efficiency(session, job, step_seconds, record.exposed_comm_seconds_per_step,
+                                           record.time)) is not None:
                 add_event(session, job, learnt)
         case EvalRecord():
             add_event(session, job, f"evaluation at step {record.step}", type_="metrics",

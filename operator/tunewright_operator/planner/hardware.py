@@ -117,10 +117,13 @@ def measured_bus_bytes_per_s(declared: Link, predicted_comm_seconds: float, tran
 
 def fold_measurement(previous: dict | None, bus_bytes_per_s: float, job_id: str, at: float) -> dict:
     """A link's record with one more window: the running mean over at most LINK_WINDOWS_KEPT windows."""
-    previous = previous or {}
+    return _running_mean(previous or {}, "busBytesPerSecond", bus_bytes_per_s, job_id, at)
+
+
+def _running_mean(previous: dict, key: str, value: float, job_id: str, at: float) -> dict:
     windows = min(previous.get("windows", 0), LINK_WINDOWS_KEPT - 1)
-    mean = (previous.get("busBytesPerSecond", 0.0) * windows + bus_bytes_per_s) / (windows + 1)
-    return {"busBytesPerSecond": mean, "windows": windows + 1, "lastJob": job_id, "measuredAt": at}
+    mean = (previous.get(key, 0.0) * windows + value) / (windows + 1)
+    return {**previous, key: mean, "windows": windows + 1, "lastJob": job_id, "measuredAt": at}
 
 
 def learned(link: Link, measured: dict | None) -> Link:
@@ -131,3 +134,46 @@ def learned(link: Link, measured: dict | None) -> Link:
     return replace(link, name=f"{link.name} (as measured over {windows} profiler window{'s' if windows != 1 else ''}; "
                               f"declared {link.bus_bytes_per_s / 1e9:.3g} GB/s)",
                    bus_bytes_per_s=measured["busBytesPerSecond"])
+
+
+# --- what the runs on a pool measured of its GPUs' compute (same opt-in, same window) ------------------------
+
+
+def measured_efficiency_factor(catalog_compute_seconds: float, predicted_compute_seconds: float,
+                               predicted_step_seconds: float, predicted_exposed_comm_seconds: float,
+                               measured_step_seconds: float, measured_exposed_comm_seconds: float) -> float | None:
+    """The factor on the catalog's compute efficiencies (matmul and memory-bound alike) that makes the
+    predicted compute equal what a window measured:
+
+        measured compute = measured step - measured exposed communication - predicted rest
+        predicted rest   = predicted step - predicted compute - predicted exposed communication
+        factor           = catalog compute / measured compute
+
+    Compute is matmul + memory-bound seconds, which scale as 1 / efficiency; `catalog_compute_seconds` is
+    the plan's layout estimated at the catalog's efficiency (not the plan's, which may already be a learned
+    one: folding against it would compound). The rest (optimizer, exposed host copies, waiting for the
+    slowest rank) is taken as predicted. None where the window teaches nothing: nothing predicted, a
+    non-positive time, or a measured step no longer than what it leaves the compute."""
+    if min(catalog_compute_seconds, predicted_compute_seconds, predicted_step_seconds, measured_step_seconds) <= 0:
+        return None
+    rest = max(0.0, predicted_step_seconds - predicted_compute_seconds - predicted_exposed_comm_seconds)
+    measured_compute = measured_step_seconds - measured_exposed_comm_seconds - rest
+    if measured_compute <= 0:
+        return None
+    return catalog_compute_seconds / measured_compute
+
+
+def fold_efficiency(previous: dict | None, gpu: str, factor: float, job_id: str, at: float) -> dict:
+    """A pool's efficiency record with one more window: the running mean of the factor over at most
+    LINK_WINDOWS_KEPT windows; a record of another GPU type (the pool's GPU changed) starts again."""
+    kept = previous if previous and previous.get("gpu") == gpu else {}
+    return _running_mean({**kept, "gpu": gpu}, "factor", factor, job_id, at)
+
+
+def learned_gpu(gpu: GPU, catalog_key: str, measured: dict | None) -> GPU:
+    """The catalog's GPU, or its efficiencies times the factor the pool's runs measured on that GPU type.
+    The name stays the catalog key: the prediction band and the catalog look GPUs up by it."""
+    if not measured or measured.get("gpu") != catalog_key:
+        return gpu
+    return gpu.calibrated(matmul_efficiency=gpu.matmul_efficiency * measured["factor"],
+                          memory_efficiency=gpu.memory_efficiency * measured["factor"])

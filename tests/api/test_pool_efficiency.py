@@ -1,0 +1,111 @@
+"""Pools that learn their GPUs' compute efficiency (issue 32): what a job's profiler windows measured of its
+step, less its exposed communication, replaces the catalog's efficiency in the next plans on that pool, where
+the pool learns (learnLinks)."""
+
+import pytest
+from sqlmodel import Session, select
+
+from tunewright_api.db import make_engine, migrate
+from tunewright_api.models import GpuPool, Job, JobEvent, Tenant
+from tunewright_api.services.plans import plan_on, pool_of, profile_for
+from tunewright_api.services.telemetry import apply
+from tunewright_api.telemetry import CommRecord
+from tunewright_operator.planner import calibration
+from tunewright_operator.planner.hardware import (
+    LINK_WINDOWS_KEPT,
+    fold_efficiency,
+    learned_gpu,
+    measured_efficiency_factor,
+)
+from tunewright_operator.pools import planner_pool
+from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, MeasuredEfficiency
+
+
+@pytest.mark.parametrize(("catalog", "predicted_compute", "measured_step", "measured_exposed", "factor"), [
+    (8.0, 8.0, 10.0, 0.5, 1.0),  # as predicted: step 10 = 8 compute + 1.5 rest + 0.5 exposed comm
+    (8.0, 8.0, 18.0, 0.5, 0.5),  # compute took twice the prediction: half the catalog's efficiency
+    (8.0, 4.0, 10.0, 0.5, 1.0),  # planned at a learned 2x: measured against the catalog, not the plan
+    (8.0, 8.0, 10.0, 4.5, 2.0),  # more of the step exposed in collectives: the compute was faster
+    (8.0, 8.0, 2.0, 0.5, None),  # a step no longer than its rest and exposed comm: teaches nothing
+    (0.0, 8.0, 10.0, 0.5, None),  # nothing predicted
+    (8.0, 8.0, 0.0, 0.0, None),  # nothing measured
+])
+def test_the_factor_is_what_makes_the_catalog_compute_match_the_measured(catalog, predicted_compute, measured_step,
+                                                                        measured_exposed, factor):
+    # predicted step 10 = compute + 0.5 exposed comm + 1.5 rest (optimizer...), whatever the compute
+    got = measured_efficiency_factor(catalog, predicted_compute, predicted_compute + 2.0, 0.5, measured_step,
+                                     measured_exposed)
+    assert got == (factor and pytest.approx(factor))
+
+
+def test_windows_fold_into_a_running_mean_per_gpu_type_and_the_pool_plans_on_it():
+    record = None
+    for factor in (0.6, 0.8):
+        record = fold_efficiency(record, "H100", factor, "ftjob-a", 1.0)
+    assert (record["factor"], record["windows"], record["gpu"]) == (pytest.approx(0.7), 2, "H100")
+    for _ in range(2 * LINK_WINDOWS_KEPT):
+        record = fold_efficiency(record, "H100", 0.9, "ftjob-b", 2.0)
+    assert record["windows"] == LINK_WINDOWS_KEPT and record["factor"] == pytest.approx(0.9, rel=0.05)
+    assert record["lastJob"] == "ftjob-b" and MeasuredEfficiency.model_validate(record).windows == LINK_WINDOWS_KEPT
+    assert fold_efficiency(record, "A100-80GB", 1.1, "ftjob-c", 3.0)["windows"] == 1  # another GPU: starts again
+    catalog = calibration.for_gpu("H100")
+    gpu = learned_gpu(catalog, "H100", record)
+    assert gpu.matmul_efficiency == pytest.approx(catalog.matmul_efficiency * record["factor"])
+    assert gpu.memory_efficiency == pytest.approx(catalog.memory_efficiency * record["factor"])
+    assert gpu.name == "H100"  # the prediction band looks the GPU up by its catalog key
+    assert learned_gpu(catalog, "A100-80GB", record) is catalog and learned_gpu(catalog, "H100", None) is catalog
+    spec = GPUPoolSpec.model_validate({"gpu": "H100", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "nvlink4",
+                                       "pricePerGPUHour": 4.0, "workerImage": "w:1"})
+    measured = MeasuredEfficiency.model_validate(record)
+    assert planner_pool("p", spec, None, measured).gpu == catalog  # learnLinks off: the catalog's
+    assert planner_pool("p", spec.model_copy(update={"learn_links": True}), None, measured).gpu == gpu
+
+
+SPEC = {"model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "method": {"type": "full"},
+        "dataset": {"train": "file-1", "format": "text"},
+        "hyperparameters": {"maxSteps": 100, "seqLen": 4096, "globalBatchSize": 64},
+        "resources": {"pool": "h100x8"}}
+
+
+@pytest.mark.parametrize("learns", [True, False])
+def test_a_window_teaches_an_opted_in_pool_its_efficiency_and_the_next_plan_uses_it(tmp_path, learns):
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    migrate(engine)
+    spec = FineTuneJobSpec.model_validate(SPEC)
+    profile = profile_for(spec.model.source, param="model.source")
+    with Session(engine) as session:
+        pool = GpuPool(name="h100x8", gpu="H100", gpus_per_node=8, max_nodes=1, intra_node="nvlink4",
+                       price_per_gpu_hour=4.0, learn_links=learns)
+        tenant = Tenant(name="alice")
+        session.add_all([pool, tenant])
+        session.flush()
+        before = plan_on(spec=spec, profile=profile, pool=pool_of(pool), dataset_tokens=None, spec_param=None)
+        p = before.predicted
+        job = Job(tenant_id=tenant.id, model="llama-8b", spec=SPEC, plan=before.model_dump(by_alias=True))
+        session.add(job)
+        session.flush()
+        # the compute took twice the prediction; the profiler's own cost is left out of the step
+        compute = p.matmul_seconds + p.memory_bound_seconds
+        step = p.step_seconds + compute
+        record = CommRecord(event="comm", step=10, time=1e9, profiled_steps=2, profiled_step_seconds=step + 0.5,
+                            comm_share=0.1, comm_share_exposed=0.0, comm_seconds_per_step=0.1 * step,
+                            exposed_comm_seconds_per_step=p.exposed_comm_seconds, comm_share_max_rank=0.1,
+                            comm_share_exposed_max_rank=0.0, window_cost_seconds=1.0)
+        apply(session, job, record)
+        apply(session, job, record)  # the same window sent again: folded once
+        session.commit()
+        session.refresh(pool)
+        if not learns:
+            assert pool.measured_efficiency is None
+            return
+        assert pool.measured_efficiency["factor"] == pytest.approx(0.5)
+        assert (pool.measured_efficiency["windows"], pool.measured_efficiency["lastJob"]) == (1, job.id)
+        said = session.exec(select(JobEvent.message).where(JobEvent.job_id == job.id)).all()
+        assert any("its H100s computed at 0.5x the catalog's efficiency" in message for message in said)
+        after = plan_on(spec=spec, profile=profile, pool=pool_of(pool), dataset_tokens=None, spec_param=None)
+        assert after.predicted.step_seconds > before.predicted.step_seconds
+        # a window of the same job, planned before the pool learned, still measures against the catalog
+        apply(session, job, record.model_copy(update={"time": 2e9}))
+        assert pool.measured_efficiency["factor"] == pytest.approx(0.5)
+        pool.learn_links = False  # opting out plans on the catalog's efficiency again, what was learnt is kept
+        assert pool_of(pool).gpu == calibration.for_gpu("H100") and pool.measured_efficiency
