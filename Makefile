@@ -22,9 +22,14 @@ $(TOOLS)/kubectl: tools/fetch_kube_clients.py
 
 tools: $(TOOLS)/kubectl
 
+# Three tiers, each timed: lint, the fast tier (unit and table tests, seconds each), the slow tier (real
+# processes: Ray, torchrun, kopf, PostgreSQL, the browser). A failing tier stops the run.
 test: venv tools
-	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	@t=$$(date +%s); $(VENV)/bin/ruff check . || exit 1; echo "== tier lint: $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(PY) -m pytest -m "not slow and not e2e"; rc=$$?; \
+	  echo "== tier fast: $$(( $$(date +%s) - t )) s"; exit $$rc
+	@t=$$(date +%s); $(PY) -m pytest -m "slow and not e2e"; rc=$$?; \
+	  echo "== tier slow: $$(( $$(date +%s) - t )) s"; exit $$rc
 
 test-fast: venv
 	$(PY) -m pytest -m "not slow and not e2e"
