@@ -130,7 +130,10 @@ def learnt_links(plan: JobPlan, pool_name: str, intra_node: str, inter_node: str
     previous = measured.get(key) or {}
     if previous.get("lastJob") == job_id and previous.get("measuredAt") == at:
         return None  # this window is in already (a batch of telemetry sent again)
-    bus = measured_bus_bytes_per_s(LINKS[name], plan.predicted.comm_seconds, transfer_seconds)
+    # scaled from the bandwidth the plan predicted at (what the pool had learned by then, else the declared
+    # one): scaled from the declared one, a pool that had learned would settle at sqrt(declared x true)
+    planned = replace(LINKS[name], bus_bytes_per_s=plan.link_bus_bytes_per_s or LINKS[name].bus_bytes_per_s)
+    bus = measured_bus_bytes_per_s(planned, plan.predicted.comm_seconds, transfer_seconds)
     if bus is None:
         return None
     return ({**measured, key: fold_measurement(measured.get(key), bus, job_id, at)},

@@ -248,6 +248,10 @@ class JobPlan(CamelModel):
     shard_group: PositiveInt = Field(default=1, description="Workers one copy of the training state is sharded over.")
     cpu_offload: bool = Field(default=False, description="Sharded states in host memory, optimizer on the CPU.")
     predicted: Predicted | None = Field(default=None, description="Absent where nothing is modelled (CPU).")
+    link_bus_bytes_per_s: float | None = Field(
+        default=None, description="The bus bandwidth the plan's collectives were predicted at on the link that "
+                                  "bounds them (across nodes, else within a node): the declared one or what the "
+                                  "pool had learned; what a profiler window's measurement is scaled from.")
     explanation: str
     rejected: list[RejectedOption] = Field(default_factory=list)
 

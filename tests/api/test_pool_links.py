@@ -165,3 +165,30 @@ def test_a_gpupool_that_cannot_be_written_costs_the_window_never_the_telemetry(e
     one_gpu = job.model_copy(update={"plan": plan.model_copy(update={"gpus": 1, "nodes": 1}).model_dump(by_alias=True)})
     monkeypatch.setattr(cluster, "get", lambda *args: pytest.fail("a one-GPU job's window asks the cluster nothing"))
     assert backend.learn_links(None, one_gpu, 1.0, 1e9) is None
+
+
+def test_a_pool_that_has_learned_converges_on_the_true_bandwidth_not_between_it_and_the_declared():
+    """A plan made on a pool that had learned predicts its collectives at the learned bandwidth: a window is
+    scaled from that one (scaled from the declared one, windows of a link at a quarter of its declared rate
+    would settle at half of it: sqrt(declared x true))."""
+    from tunewright_operator.planner import calibration
+    from tunewright_operator.planner.estimate import Workload
+    from tunewright_operator.planner.hardware import Pool, learned
+    from tunewright_operator.planner.models import CATALOG
+    from tunewright_operator.planner.search import plan
+    from tunewright_operator.pools import learnt_links
+
+    cal, _ = calibration.load()
+    true_bus = ETH.bus_bytes_per_s / 4
+    work = Workload(CATALOG["meta-llama/Llama-3.1-70B"], "full", 4096, 128, 100)
+    measured: dict = {}
+    for window in range(6):
+        link = learned(ETH, measured.get(INTER_NODE))
+        pool = Pool("eth4x8", calibration.for_gpu("H100"), 8, 4, LINKS["nvlink4"], link, 2.5)
+        chosen = plan(work, pool, cal, objective="fastest", strategy="fsdp", max_gpus=32)
+        assert chosen.link_bus_bytes_per_s == link.bus_bytes_per_s
+        # what the link delivers: the collectives take the predicted time scaled by planned / true bandwidth
+        transfer = chosen.predicted.comm_seconds * link.bus_bytes_per_s / true_bus
+        measured, _ = learnt_links(chosen, "eth4x8", "nvlink4", "eth-100g", measured, transfer, f"job-{window}",
+                                   float(window))
+    assert measured[INTER_NODE]["busBytesPerSecond"] == pytest.approx(true_bus, rel=1e-6)

@@ -106,13 +106,14 @@ def gpu_from_product_name(product: str) -> str | None:
 LINK_WINDOWS_KEPT = 50  # a link's measurement is the mean of its last windows at most this many (older ones fade)
 
 
-def measured_bus_bytes_per_s(declared: Link, predicted_comm_seconds: float, transfer_seconds: float) -> float | None:
-    """The bus bandwidth that would make the plan's predicted collective time equal the measured transfer
-    (the collectives' time less the waiting for the slowest rank): what the link delivered to that job.
-    None where either time is not positive (no collectives predicted, or none measured)."""
+def measured_bus_bytes_per_s(planned: Link, predicted_comm_seconds: float, transfer_seconds: float) -> float | None:
+    """The bus bandwidth that would make the plan's predicted collective time (predicted on `planned`: the
+    link at the bandwidth the plan used) equal the measured transfer (the collectives' time less the waiting
+    for the slowest rank): what the link delivered to that job. None where either time is not positive (no
+    collectives predicted, or none measured)."""
     if predicted_comm_seconds <= 0 or transfer_seconds <= 0:
         return None
-    return declared.bus_bytes_per_s * predicted_comm_seconds / transfer_seconds
+    return planned.bus_bytes_per_s * predicted_comm_seconds / transfer_seconds
 
 
 def fold_measurement(previous: dict | None, bus_bytes_per_s: float, job_id: str, at: float) -> dict:

@@ -424,4 +424,6 @@ def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: 
                    activation_checkpointing=lay.activation_checkpointing,
                    activation_checkpointing_every=lay.checkpoint_every,
                    reshard_after_forward=lay.reshard_after_forward, shard_group=lay.shard_group,
+                   link_bus_bytes_per_s=(pool.inter_node if lay.nodes > 1 and pool.inter_node
+                                         else pool.intra_node).bus_bytes_per_s,
                    cpu_offload=lay.cpu_offload, predicted=predicted, explanation=explanation, rejected=rejected)
