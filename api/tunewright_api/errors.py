@@ -10,9 +10,12 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tunewright_operator.spec import error_message
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -40,6 +43,13 @@ def envelope(status: int, message: str, param: str | None = None, code: str | No
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def body_model(request: Request) -> type[BaseModel] | None:
+    """The model the request's route reads its JSON body into (FastAPI's own when it reads several)."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    annotation = body.field_info.annotation if body else None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
@@ -57,7 +67,12 @@ def install(app: FastAPI) -> None:
                                  f"(character {first['loc'][-1]})", None, "invalid_json")
         loc = [str(p) for p in first["loc"] if p not in ("body", "query", "path", "header")]
         param = ".".join(loc) or None
-        messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", e["msg"]) for e in exc.errors()]
+        body = body_model(request)
+
+        def said(error) -> str:  # an unknown key of the body names the keys it is closest to
+            return error_message(error, body, error["loc"][1:]) if body and error["loc"][0] == "body" else error["msg"]
+
+        messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", said(e)) for e in exc.errors()]
         return envelope(surface_status(request.url.path, 422), "; ".join(messages), param, "invalid_value")
 
     @app.exception_handler(SQLAlchemyTimeoutError)

@@ -31,6 +31,7 @@ from tunewright_operator.spec import (
     JobProgress,
     JobTelemetry,
     MeasuredLinks,
+    error_message,
 )
 from tunewright_operator.status import (
     CONDITION_OF_PHASE,
@@ -126,7 +127,7 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     except ValidationError as err:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"])
-        return settle(Observation("Failed", "InvalidSpec", f"spec.{field}: {first['msg']}"))
+        return settle(Observation("Failed", "InvalidSpec", f"spec.{field}: {error_message(first, FineTuneJobSpec)}"))
 
     ray_job = cluster.get("RayJob", namespace, manifests.ray_job_name(target))
     plan = status.plan

@@ -8,8 +8,11 @@ enumerations and defaults below are the only place they are spelled.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Annotated, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
@@ -31,6 +34,46 @@ class CamelModel(BaseModel):
     """camelCase on the wire, snake_case in Python; unknown fields refused."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+def error_message(error: Mapping[str, Any], model: type[BaseModel], loc: Sequence[str | int] | None = None) -> str:
+    """One error of a ValidationError raised for `model`, said for a person: its own message, but an unknown key
+    names the keys it is closest to (by their wire names), or lists the keys allowed there. `loc`: where the
+    error is within `model`, when the error's own location starts outside it (a request's `body`)."""
+    if error["type"] != "extra_forbidden":
+        return error["msg"]
+    *where, key = error["loc"] if loc is None else loc
+    found = _model_at(model, where)
+    if found is None:
+        return error["msg"]
+    # a key may be written as its wire name or (populate_by_name) its Python name: both lead to the wire name
+    wire_names = {name: field.alias or name for name, field in found.model_fields.items()}
+    spellings = {**{wire: wire for wire in wire_names.values()}, **wire_names}
+    matches = difflib.get_close_matches(str(key), spellings, n=3, cutoff=0.6)
+    close = dict.fromkeys(spellings[match] for match in matches)  # a name and its alias may both match: said once
+    if close:
+        return f"unknown key; did you mean {' or '.join(close)}?"
+    keys = list(wire_names.values())
+    return f"unknown key; the keys here are: {', '.join(keys[:12])}{', ...' if len(keys) > 12 else ''}"
+
+
+def _model_at(annotation: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
+    """The model whose keys are at `loc` within `annotation`, through optional values, list items and dict values."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _model_at(args[0], loc)
+    if origin in (Union, UnionType):
+        return next((found for arg in args if (found := _model_at(arg, loc)) is not None), None)
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    if not loc:
+        return annotation if is_model else None
+    step, rest = loc[0], loc[1:]
+    if is_model:
+        field = next((f for name, f in annotation.model_fields.items() if step in (name, f.alias)), None)
+        return None if field is None else _model_at(field.annotation, rest)
+    if origin in (list, dict):  # an item's index, a value's key
+        return _model_at(args[-1], rest)
+    return None
 
 
 def _printable(value: str) -> str:

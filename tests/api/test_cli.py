@@ -93,7 +93,8 @@ def test_errors_are_one_line_naming_the_field_and_the_fix(server, user, tiny_mod
     spec.write_text(yaml.safe_dump(bad))
     code, _, err = run(capsys, *user, "submit", spec)
     assert code == 1 and err.count("\n") == 1
-    assert "method.lora.rank: Extra inputs are not permitted" in err and "hyperparameters.learningRate" in err
+    assert "method.lora.rank: unknown key; the keys here are: r, alpha, dropout, targetModules" in err
+    assert "hyperparameters.learningRate" in err
     assert err.count("method.lora.rank") == 1
     # the refused submit left none of its uploads behind
     assert json.loads(run(capsys, *user, "-o", "json", "files", "list")[1]) == []
@@ -103,6 +104,13 @@ def test_errors_are_one_line_naming_the_field_and_the_fix(server, user, tiny_mod
     assert code == 3 and "cannot reach the API at http://127.0.0.1:9" in err
     code, _, err = run(capsys, *user, "plan", "--model", "meta-llama/Llama-3.1-8B", "--pool", "nope")
     assert code == 2 and "give a spec file" in err  # usage: exit 2
+
+
+def test_a_misspelt_key_in_a_spec_file_is_answered_with_the_key_it_meant(server, user, tmp_path, capsys):
+    spec = tmp_path / "typo.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec("Qwen/Qwen2.5-0.5B", "file-" + "0" * 24, learningRte=1e-4)))
+    code, _, err = run(capsys, *user, "submit", spec)
+    assert code == 1 and err == "error: 422: hyperparameters.learningRte: unknown key; did you mean learningRate?\n"
 
 
 def test_lists_say_when_they_are_empty_and_plans_name_the_flag(server, user, tmp_path, capsys):

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -40,6 +41,25 @@ def test_the_openai_routes_answer_an_invalid_request_with_400_as_openai_does(ser
     spec = tiny_spec(tiny_models["gpt2"], train, learningRate=-1)
     native = alice.post("/v1/jobs", json=spec)
     assert native.status_code == 422 and native.json()["error"]["param"] == "hyperparameters.learningRate"
+
+
+def test_a_misspelt_key_is_answered_with_the_key_it_meant_on_every_route_that_reads_a_spec(server):
+    alice = server.tenant("alice")
+    spec = tiny_spec(Path("models/tiny"), "file-" + "0" * 24, learningRte=1e-4)
+    job = alice.post("/v1/jobs", json=spec)
+    assert job.status_code == 422 and job.json()["error"]["param"] == "hyperparameters.learningRte"
+    assert job.json()["error"]["message"] == "hyperparameters.learningRte: unknown key; did you mean learningRate?"
+    del spec["hyperparameters"]["learningRte"]
+    spec["method"]["lora"]["targetModule"] = ["q_proj"]
+    plan = alice.post("/v1/plans", json={"spec": spec, "pool": "h100"})
+    assert plan.status_code == 422 and plan.json()["error"]["param"] == "spec.method.lora.targetModule"
+    assert plan.json()["error"]["message"] == ("spec.method.lora.targetModule: unknown key; did you mean "
+                                               "targetModules?")
+    openai = alice.post("/v1/fine_tuning/jobs", json={"model": "m", "training_file": "file-x", "lora": {"rnak": 8},
+                                                      "max_stesp": 10})
+    assert openai.status_code == 400 and openai.json()["error"]["param"] == "lora.rnak"
+    assert openai.json()["error"]["message"] == ("lora.rnak: unknown key; the keys here are: r, alpha, dropout, "
+                                                 "target_modules; max_stesp: unknown key; did you mean max_steps?")
 
 
 def test_ids_and_paths_no_file_or_row_can_have_are_refused_naming_them(server, tiny_models):

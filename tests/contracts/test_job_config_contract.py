@@ -1,10 +1,13 @@
 """The job config the operator (and the API) emit must parse with the training runtime's own loader."""
 
 import pytest
+from pydantic import ValidationError
 
+from tunewright_jobs import config
 from tunewright_jobs.config import JobConfig
+from tunewright_operator import spec as operator_spec
 from tunewright_operator.jobconfig import runtime_config
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
 
 def layout(strategy, gpus, nodes, micro, accum, checkpointing, shard_group=1, cpu_offload=False) -> JobPlan:
@@ -51,3 +54,22 @@ def test_the_planner_counts_the_fused_loss_chunk_the_runtime_holds():
     from tunewright_operator.planner.estimate import FUSED_LOSS_CHUNK_ELEMENTS as planned_chunk
 
     assert planned_chunk == runtime_chunk
+
+
+RUNTIME_CONFIG = {"output_dir": "/out", "model": {"source": "m"}, "dataset": {"train": "t.jsonl"}}
+SPEC = {"model": {"source": "m"}, "dataset": {"train": "file-1"}}
+
+
+@pytest.mark.parametrize(("model", "data"), [
+    (JobConfig, {**RUNTIME_CONFIG, "hyperparameters": {"learning_rte": 1e-4}}),
+    (JobConfig, {**RUNTIME_CONFIG, "surprise": 1}),
+    (FineTuneJobSpec, {**SPEC, "hyperparameters": {"learning_rte": 1e-4, "globalBatch": 8}}),
+    (FineTuneJobSpec, {**SPEC, "method": {"lora": {"rank": 8}}}),
+    (GPUPoolSpec, {"gpu": "H100", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "nvlink4", "pricePerGPUHour": 1,
+                   "workerImage": "w", "tolerations": [{"keey": "gpu"}], "zzz": 1}),
+])
+def test_the_runtime_says_an_unknown_key_as_the_spec_does(model, data):
+    """The runtime keeps its own copy of the spec's error_message (it imports nothing of ours)."""
+    errors = pytest.raises(ValidationError, model.model_validate, data).value.errors()
+    assert [config.error_message(e, model) for e in errors] == [operator_spec.error_message(e, model) for e in errors]
+    assert all("unknown key; " in config.error_message(e, model) for e in errors)

@@ -62,7 +62,11 @@ def test_defaults_and_round_trip():
          "strategy.grad_accum: 3 contradicts the global batch (8 = 2 x 1 x 4)"),
         (with_("eval.exact_match", True), "eval.exact_match: needs dataset.validation"),
         (with_("name", "Bad Name!"), "name: String should match pattern"),
-        (with_("surprise", 1), "surprise: Extra inputs are not permitted"),
+        (with_("surprise", 1), "surprise: unknown key; the keys here are: name, output_dir, model,"),
+        (with_("hyperparameters.learning_rte", 1e-4), "hyperparameters.learning_rte: unknown key; did you mean "
+                                                       "learning_rate?"),
+        (with_("method.lora.target_module", ["q_proj"]), "method.lora.target_module: unknown key; did you mean "
+                                                           "target_modules?"),
     ],
 )
 def test_rejects_with_field_and_reason(config, expected):

@@ -92,6 +92,16 @@ def test_an_infeasible_job_fails_with_the_planners_reasons_before_any_gpu_is_req
     assert cluster.events[-1]["type"] == "Warning"
 
 
+def test_a_misspelt_key_fails_the_job_naming_the_key_it_meant():
+    spec = {**SPEC, "hyperparameters": {**SPEC["hyperparameters"], "learningRte": 1e-4}}
+    cluster = cluster_with(POOL, finetunejob(spec))
+    outcome = run(cluster)
+    assert (outcome.phase, outcome.reason) == ("Failed", "InvalidSpec")
+    failed = {c["type"]: c for c in job_status(cluster)["conditions"]}["Failed"]
+    assert failed["message"] == "spec.hyperparameters.learningRte: unknown key; did you mean learningRate?"
+    assert cluster.count("RayJob") == 0
+
+
 def test_without_a_pool_the_job_waits_and_says_what_to_do():
     cluster = cluster_with(finetunejob())
     outcome = run(cluster)

@@ -5,7 +5,13 @@ from tunewright_operator.planner import calibration
 from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
 from tunewright_operator.planner.jobs import plan_job, workload
 from tunewright_operator.planner.models import CATALOG
-from tunewright_operator.spec import DEFAULT_GLOBAL_BATCH, FineTuneJobSpec, JobPlan
+from tunewright_operator.spec import (
+    DEFAULT_GLOBAL_BATCH,
+    FineTuneJobSpec,
+    GPUPoolSpec,
+    JobPlan,
+    error_message,
+)
 
 SPEC = {
     "model": {"source": "hf://meta-llama/Llama-3.1-8B"},
@@ -40,6 +46,33 @@ def test_rejections_name_the_camel_case_field(patch, field):
     with pytest.raises(ValidationError) as err:
         FineTuneJobSpec.model_validate(SPEC | patch)
     assert any(e["loc"][: len(field)] == field for e in err.value.errors())
+
+
+def unknown_key_said(model, data: dict) -> str:
+    (error,) = pytest.raises(ValidationError, model.model_validate, data).value.errors()
+    return error_message(error, model)
+
+
+@pytest.mark.parametrize(("section", "key", "says"), [
+    ("hyperparameters", {"learningRte": 1e-4}, "unknown key; did you mean learningRate?"),
+    ("hyperparameters", {"learning_rte": 1e-4}, "unknown key; did you mean learningRate?"),  # snake_case is read too
+    ("hyperparameters", {"globalBatch": 64}, "unknown key; did you mean globalBatchSize or globalBatchTokens?"),
+    ("resources", {"maxGPU": 8}, "unknown key; did you mean maxGPUs?"),
+    ("method", {"lora": {"targetModule": ["q_proj"]}}, "unknown key; did you mean targetModules?"),
+    ("method", {"lora": {"rank": 8}}, "unknown key; the keys here are: r, alpha, dropout, targetModules"),
+])
+def test_an_unknown_key_names_the_closest_known_ones(section, key, says):
+    assert unknown_key_said(FineTuneJobSpec, {**SPEC, section: {**SPEC.get(section, {}), **key}}) == says
+
+
+def test_an_unknown_key_is_found_through_lists_and_the_list_of_keys_is_bounded():
+    pool = {"gpu": "H100", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "nvlink4", "pricePerGPUHour": 2.5,
+            "workerImage": "w", "tolerations": [{"key": "gpu"}, {"keey": "gpu"}]}
+    assert unknown_key_said(GPUPoolSpec, pool) == "unknown key; did you mean key?"
+    said = unknown_key_said(JobPlan, {"pool": "p", "strategy": "ddp", "workers": 2, "gpus": 2, "microBatch": 1,
+                                      "gradAccum": 1, "explanation": "x", "zzz": 1})
+    assert said.startswith("unknown key; the keys here are: pool, device, strategy,") and said.endswith(", ...")
+    assert said.count(",") == 12
 
 
 def test_a_spec_is_planned_within_its_budget_and_gpu_cap():
