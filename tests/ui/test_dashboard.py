@@ -106,6 +106,8 @@ def test_the_job_page_draws_the_curves_the_api_measured(api, browser):
     plan = done["plan"]
     assert browser.text("#plan-strategy") == f"{plan['strategy']} · 2 CPU workers"
     assert browser.text("#plan-explanation") == plan["explanation"]
+    # a CPU plan predicts nothing and has no band: the panel says nothing of it, not "null"
+    assert "null" not in browser.text("#plan").split() and not browser.text("#plan-band")
     measured = browser.js("return [...document.querySelectorAll('#predicted-measured tbody tr')]"
                           ".map(r => [r.cells[0].innerText, r.cells[2].innerText])")
     assert ["Tokens/s", f"{telemetry['latest']['tokensPerSecond']:,.0f}"] in measured

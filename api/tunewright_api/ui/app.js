@@ -645,8 +645,9 @@ function jobPage(jobId) {
           `worker${plan.workers === 1 ? "" : "s"} = ${plan.microBatch * plan.gradAccum * plan.workers} sequences a step`),
         h("dt", {}, "Memory"), h("dd", {}, [...memoryLayoutOf(plan),
           plan.shardGroup > 1 ? `sharded over ${plan.shardGroup}` : null].filter(Boolean).join(", "))),
-      predicted?.band ? h("p", {class: "muted", id: "plan-band"},
-        `Likely (P10-P90): ${bandText(predicted.band)}. ${predicted.band.basis}`) : null,
+      // replaceChildren writes a null as the text "null": a plan without a band adds nothing
+      ...(predicted?.band ? [h("p", {class: "muted", id: "plan-band"},
+        `Likely (P10-P90): ${bandText(predicted.band)}. ${predicted.band.basis}`)] : []),
       h("p", {class: "explanation", id: "plan-explanation"}, plan.explanation),
       predicted ? null : h("p", {class: "muted"}, "Nothing is predicted for this pool (the planner models GPU pools, not " +
         "this machine's CPUs): the measured values stand alone."),
