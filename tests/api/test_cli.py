@@ -185,3 +185,14 @@ def test_a_watched_job_that_fails_says_why_in_one_line(server, user, tiny_models
     assert first.startswith(f"error: job {job_id} failed: OSError: Error no file named model.safetensors")
     assert len(first) < 400 and "Traceback" not in err  # the reason, not torchrun's report that follows it
     assert second.strip() == f"the run's output: tunewright logs {job_id}"
+
+
+@pytest.mark.parametrize(("content", "says"), [(None, "no such file (give the path of a spec file"),
+                                               ("model: [unclosed", "while parsing a flow sequence")])
+def test_a_spec_file_that_cannot_be_read_is_a_usage_error(capsys, tmp_path, content, says):
+    """Exit 2 (the command line is wrong, as the README says), before any request: no API is needed."""
+    spec = tmp_path / "job.yaml"
+    if content is not None:
+        spec.write_text(content)
+    code, out, err = run(capsys, "--url", "http://127.0.0.1:9", "--token", "x", "submit", spec)
+    assert (code, out) == (2, "") and err.startswith(f"error: {spec}: ") and says in err, err

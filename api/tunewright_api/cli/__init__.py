@@ -42,8 +42,11 @@ def spec_from_args(args) -> dict:
     if getattr(args, "spec", None):
         try:
             spec = yaml.safe_load(Path(args.spec).read_text())
+        except FileNotFoundError:  # the command line names a file that is not there: a usage error (exit 2)
+            raise SystemExit(f"{args.spec}: no such file (give the path of a spec file, YAML or JSON: see "
+                             "examples/)") from None
         except (OSError, yaml.YAMLError) as err:
-            raise RequestFailed(f"{args.spec}: {err}".splitlines()[0], 422) from None
+            raise SystemExit(f"{args.spec}: {err}".splitlines()[0]) from None
         if isinstance(spec, dict) and spec.get("kind") == "FineTuneJob":  # a whole manifest: take its spec
             spec = spec.get("spec") or {}
         if not isinstance(spec, dict):
