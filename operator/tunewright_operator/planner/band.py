@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from tunewright_operator.planner.hardware import Link
 
 MEASURED_ONE_GPU = "H200"
-# the chips the scale fit learned an efficiency for, by catalog name; the rest borrow the nearest one's
-MEASURED_CHIPS = {"H200": "H200", "H100": "H100", "A100-80GB": "A100", "A100-40GB": "A100"}
+# the catalog GPUs whose efficiency runs measured (ours on the H200, published ones on the others); the rest
+# borrow the nearest chip's (calibration.EFFICIENCY_OF)
+MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
 
 

@@ -271,13 +271,18 @@ def matmul_flops(w: Workload, layout: Layout) -> float:
     m = w.model
     tokens = layout.micro_batch * w.seq_len
     dense = 2 * m.matmul_params
-    attention = 2 * w.seq_len * m.heads * m.head_dim * m.layers  # causal: half of 4·s·q per layer
+    attention = attention_flops(w)
     forward = dense + attention
     backward = dense + 2 * attention + (dense if w.method == "full" else 6 * w.trainable_params)
     # the forward again, for the checkpointed share of the blocks (the head is not recomputed; the committed
     # calibration was fitted counting it, and refitting without it moved single runs' errors both ways)
     recompute = forward * layout.checkpointed_share
     return tokens * (forward + backward + recompute)
+
+
+def attention_flops(w: Workload) -> float:
+    """Forward FLOPs per token of the blocks' attention (causal flash attention: half of 4·s·q per layer)."""
+    return 2 * w.seq_len * w.model.heads * w.model.head_dim * w.model.layers
 
 
 def head_flops(w: Workload, layout: Layout) -> tuple[float, float]:
@@ -339,8 +344,7 @@ def unit_compute(w: Workload, layout: Layout, cal: Calibration, gpu: GPU) -> Uni
     tokens = layout.micro_batch * w.seq_len
     head_forward, head_backward = head_flops(w, layout)
     blocks = matmul_flops(w, layout) - head_forward - head_backward
-    attention = 2 * w.seq_len * m.heads * m.head_dim * m.layers
-    block_forward_share = tokens * (2 * m.layers * m.layer_linear_params + attention) / blocks
+    block_forward_share = tokens * (2 * m.layers * m.layer_linear_params + attention_flops(w)) / blocks
     vocab_traffic = tokens * m.vocab * cal.traffic_bytes_per_vocab
     blocks_seconds = (blocks / rate + (memory_bound_bytes(w, layout, cal) - vocab_traffic) / bandwidth
                       + fixed_seconds(w, layout, cal)) / m.layers

@@ -283,9 +283,10 @@ def one_gpu_ratios() -> dict:
     return {"rows": len(ratios), "p10_ratio": _quantile(ratios, 0.1), "p90_ratio": _quantile(ratios, 0.9)}
 
 
-def save(path: Path, constants: ScaleConstants, found: list[dict]) -> None:
+def save(path: Path, constants: ScaleConstants, data: list[Row], found: list[dict]) -> None:
     """The constants, with the error ratios (measured / predicted tokens/s) the band is made of."""
     s = summary(found)
+    networks = [r.inter.bus_bytes_per_s for r in data if r.inter is not None]
     path.write_text(json.dumps({
         "source": "benchmarks/published/multi_gpu_runs.json", "fit_framework": FIT_FRAMEWORK,
         "efficiency_over_h200": constants.efficiency, "sync_jitter": constants.sync_jitter,
@@ -295,8 +296,7 @@ def save(path: Path, constants: ScaleConstants, found: list[dict]) -> None:
         "one_gpu_h200": one_gpu_ratios(),
         "largest_gpu_count": max(r["gpus"] for r in found),
         "longest_sequence": LONGEST_SEQUENCE,
-        "network_bus_bytes_per_s": [min(r.inter.bus_bytes_per_s for r in rows() if r.inter is not None),
-                                    max(r.inter.bus_bytes_per_s for r in rows() if r.inter is not None)],
+        "network_bus_bytes_per_s": [min(networks), max(networks)],
     }, indent=2, sort_keys=True) + "\n")
 
 
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         constants = ScaleConstants(committed["efficiency_over_h200"], committed["sync_jitter"])
     found = errors(data, cal, h200, constants)
     if args.command == "fit":
-        save(args.out, constants, found)
+        save(args.out, constants, data, found)
     print(f"constants: {constants}")
     for r in sorted(found, key=lambda r: (r["held_out"], r["gpu"], r["gpus"])):
         flags = " ".join(flag for flag, on in (("assumed-network", r["assumed_network"]),
