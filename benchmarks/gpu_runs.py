@@ -32,13 +32,14 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs"))
-sys.path.insert(0, str(ROOT / "operator"))
+sys.path.insert(0, str(ROOT / "core"))
+sys.path.insert(0, str(ROOT / "fitting"))
 
-from tunewright_operator.planner import calibration  # noqa: E402
-from tunewright_operator.planner.calibration_fit import MEASURED_MODELS, measured_pool, run_setup  # noqa: E402
-from tunewright_operator.planner.estimate import estimate  # noqa: E402
-from tunewright_operator.planner.hardware import GIB, GPUS  # noqa: E402
-from tunewright_operator.planner.models import ModelProfile, hf_config  # noqa: E402
+from tunewright_core.planner import calibration  # noqa: E402
+from tunewright_core.planner.estimate import estimate  # noqa: E402
+from tunewright_core.planner.hardware import GIB, GPUS  # noqa: E402
+from tunewright_core.planner.models import ModelProfile, hf_config  # noqa: E402
+from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool, run_setup  # noqa: E402
 
 PEAK_FLOPS = GPUS["H200"].bf16_flops  # dense bf16 datasheet peak: the MFU denominator
 # The shapes are the planner's profiles (calibration_fit.MEASURED_MODELS, which the fit reads the results

@@ -22,13 +22,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "jobs"))
-sys.path.insert(0, str(ROOT / "operator"))
+sys.path.insert(0, str(ROOT / "core"))
+sys.path.insert(0, str(ROOT / "fitting"))
 
 from gpu_runs import MODELS, build_model, write_dataset  # noqa: E402
 
-from tunewright_operator.planner import calibration  # noqa: E402
-from tunewright_operator.planner.calibration_fit import measured_pool  # noqa: E402
-from tunewright_operator.planner.estimate import Layout, Workload, estimate  # noqa: E402
+from tunewright_core.planner import calibration  # noqa: E402
+from tunewright_core.planner.estimate import Layout, Workload, estimate  # noqa: E402
+from tunewright_fit.calibration_fit import measured_pool  # noqa: E402
 
 CASES = {"llama-1b-full": ("llama-1b", "full", 2048, 8), "llama-3b-full": ("llama-3b", "full", 2048, 4)}
 LAYOUTS = {"none": (False, 1), "every-block": (True, 1), "every-other-block": (True, 2)}

@@ -39,11 +39,11 @@ from gpu_runs import (  # noqa: E402
     write_dataset,
 )
 
-from tunewright_operator.planner import calibration  # noqa: E402
-from tunewright_operator.planner.band import band  # noqa: E402
-from tunewright_operator.planner.calibration_fit import run_setup  # noqa: E402
-from tunewright_operator.planner.estimate import Calibration, estimate  # noqa: E402
-from tunewright_operator.planner.hardware import GPU, Link, Pool  # noqa: E402
+from tunewright_core.planner import calibration  # noqa: E402
+from tunewright_core.planner.band import band  # noqa: E402
+from tunewright_core.planner.estimate import Calibration, estimate  # noqa: E402
+from tunewright_core.planner.hardware import GPU, Link, Pool  # noqa: E402
+from tunewright_fit.calibration_fit import run_setup  # noqa: E402
 
 # NCCL's own choice (NVLink between two GPUs of one host), and TCP sockets: no peer-to-peer, no shared memory,
 # no InfiniBand or RoCE card either (None: the variable is unset)

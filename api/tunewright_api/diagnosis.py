@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from tunewright_operator.spec import CamelModel, JobPlan
+from tunewright_core.spec import CamelModel, JobPlan
 
 ON_PLAN = 0.10  # a step within 10% of the prediction is on plan (the planner's published error is ~5%)
 NOTABLE = 0.05  # a component worth a suggestion takes at least this share of the step

@@ -15,7 +15,7 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tunewright_operator.spec import error_message
+from tunewright_core.spec import error_message
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

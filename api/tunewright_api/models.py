@@ -13,7 +13,7 @@ from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
 from sqlmodel import Field, Session, SQLModel
 
 from tunewright_api.telemetry import measured, progress
-from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry, Printable
+from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry, Printable
 
 
 def now() -> datetime:

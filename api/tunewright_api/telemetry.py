@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-from tunewright_operator.spec import JobPlan, JobProgress, JobTelemetry
+from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry
 
 MAX_STEP = 10**9
 MAX_RECORDS_PER_BATCH = 1000

@@ -1,1 +1,1 @@
-"""tunewright planner and Kubernetes operator."""
+"""tunewright's Kubernetes operator: handlers, reconcile, and the manifests it creates."""

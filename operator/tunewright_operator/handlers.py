@@ -14,11 +14,12 @@ from datetime import UTC, datetime
 
 import kopf
 
-from tunewright_operator import k8s, pools
+from tunewright_core import k8s, pools
+from tunewright_core.names import JOB_LABEL
+from tunewright_core.spec import TERMINAL_PHASES, GPUPoolSpec
 from tunewright_operator.api_client import ApiSummaries
-from tunewright_operator.manifests import JOB_LABEL, ClusterSettings
+from tunewright_operator.manifests import ClusterSettings
 from tunewright_operator.reconcile import clean_up, reconcile
-from tunewright_operator.spec import TERMINAL_PHASES, GPUPoolSpec
 
 FINETUNEJOBS = ("tunewright.dev", "v1alpha1", "finetunejobs")
 GPUPOOLS = ("tunewright.dev", "v1alpha1", "gpupools")

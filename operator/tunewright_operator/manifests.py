@@ -14,32 +14,24 @@ import hashlib
 import hmac
 import json
 import re
-from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from dataclasses import dataclass
 
-from tunewright_operator.jobconfig import runtime_config
-from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+from tunewright_core.jobconfig import runtime_config
+from tunewright_core.names import API_VERSION, JOB_LABEL, QUEUE_LABEL, SPEC_HASH_ANNOTATION, short_hash
+from tunewright_core.plan_of_record import spec_hash
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+from tunewright_core.storage import FILE_ID, ClusterStorage, check_runnable
 
-API_VERSION = "tunewright.dev/v1alpha1"
 RAY_VERSION = "2.60.0"  # the Ray the runtime is tested with; the worker image must carry it
 CONFIG_DIR = "/etc/tunewright"
-PVC_ROOT = "/mnt/pvc"
 SUBMITTER_CPU, SUBMITTER_MEMORY = "500m", "1Gi"  # KubeRay's own submitter's figures: `ray job submit`, tailing logs
 HEAD_CPU, HEAD_MEMORY_GIB = 2, 8  # the head runs the Ray driver and the job submitter only
 WORKER_CPU_PER_GPU, WORKER_MEMORY_GIB_PER_GPU = 4, 32  # data loading and host-side work per training process
 SHM_SHARE = 0.25  # of a worker's memory, for /dev/shm (NCCL's buffers, Ray's object store)
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-SPEC_HASH_ANNOTATION = "tunewright.dev/spec-sha256"
-JOB_LABEL = "tunewright.dev/run"  # on everything made for a job: its RayJob's name
 # KubeRay's rules for a RayJob's name (ValidateRayJobMetadata): a DNS-1035 label, at most 47 characters, as
 # KubeRay appends "-" and 5 characters to name its RayCluster and caps RayCluster names at 53
 MAX_RAY_JOB_NAME = 47
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/(?P<path>.*))?$")
-
-
-class ManifestError(ValueError):
-    """The spec cannot be run on a cluster as written; the message names the field and says why."""
 
 
 @dataclass(frozen=True)
@@ -51,16 +43,6 @@ class Target:
     name: str
     uid: str
     job_id: str
-
-
-JOB_ID_ANNOTATION = "tunewright.dev/job-id"  # the API's id for the job, set by the API when it creates the job
-FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
-
-
-def job_id_of(meta: dict) -> str:
-    """The API's id for a FineTuneJob: the one the API annotated, else one derived from the uid, so a job
-    made with kubectl has the same id in the operator (telemetry URLs) and the API (its job list)."""
-    return meta.get("annotations", {}).get(JOB_ID_ANNOTATION) or f"ftjob-{meta['uid'].replace('-', '')[:24]}"
 
 
 def internal_url(settings: ClusterSettings, target: Target, what: str) -> str:
@@ -78,54 +60,6 @@ class ClusterSettings:
     # each job's telemetry token is derived from this key, so the operator never reads a Secret back; only
     # the operator holds one (the API builds manifests to check them, never to create a job's token)
     job_token_key: bytes | None = None
-
-
-@dataclass
-class Volumes:
-    """PersistentVolumeClaims named by the spec's URIs: each mounted once, read-only unless written."""
-
-    writable: set[str] = field(default_factory=set)
-    claims: list[str] = field(default_factory=list)
-
-    def path(self, uri: str, field_name: str, writable: bool = False) -> str:
-        """Where the pods see `uri` (pvc:// becomes a mount; other forms are read in place)."""
-        match = PVC_URI.match(uri)
-        if uri.startswith("pvc://") and match is None:
-            raise ManifestError(f"{field_name}: {uri!r} is not pvc://<claim>[/path] with a valid claim name")
-        if match is None:
-            return uri
-        claim = match["claim"]
-        if claim not in self.claims:
-            self.claims.append(claim)
-        if writable:
-            self.writable.add(claim)
-        return str(PurePosixPath(PVC_ROOT, claim, match["path"] or ""))
-
-    def pod_volumes(self) -> list[dict]:
-        return [{"name": volume_name(c), "persistentVolumeClaim": {"claimName": c, "readOnly": c not in self.writable}}
-                for c in self.claims]
-
-    def mounts(self) -> list[dict]:
-        return [{"name": volume_name(c), "mountPath": f"{PVC_ROOT}/{c}", "readOnly": c not in self.writable}
-                for c in self.claims]
-
-
-def volume_uri(pod_path: str) -> str:
-    """Where a pod's path under a mounted claim is, as a user names it (pvc://claim/path): the inverse of
-    `Volumes.path`. Other paths are returned as they are."""
-    parts = PurePosixPath(pod_path).parts
-    root = PurePosixPath(PVC_ROOT).parts
-    if parts[:len(root)] != root or len(parts) == len(root):
-        return pod_path
-    return "pvc://" + "/".join(parts[len(root):])
-
-
-def volume_name(claim: str) -> str:
-    return f"pvc-{short_hash(claim)}"
-
-
-def short_hash(text: str, length: int = 6) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
 def ray_job_name(target: Target) -> str:
@@ -167,32 +101,17 @@ def metadata(target: Target, name: str, extra_labels: dict[str, str] | None = No
 
 
 def cluster_runtime_config(target: Target, spec: FineTuneJobSpec, plan: JobPlan, settings: ClusterSettings,
-                           volumes: Volumes) -> dict:
-    """The runtime's job config with the pods' paths: checkpoints and outputs on the checkpoint storage
-    (a volume every pod mounts, so the driver and every rank see the same files)."""
-    storage = spec.checkpoint.storage or settings.default_checkpoint_storage
-    if storage is None:
-        raise ManifestError("checkpoint.storage: needed on a cluster (pvc://claim/path or an object-store URI): "
-                            "each retry is a new Ray cluster and resumes from there")
+                           storage: ClusterStorage) -> dict:
+    """The runtime's job config with the pods' paths; an uploaded dataset is fetched from the API with the
+    job's token."""
     name = ray_job_name(target)
-    if not storage.startswith("pvc://"):
-        raise ManifestError(f"checkpoint.storage: {storage!r}: on a cluster, checkpoints, the exported model and "
-                            "the result go to a volume every pod mounts: use pvc://claim/path (ReadWriteMany when "
-                            "the head and workers may land on different nodes)")
-    checkpoints = volumes.path(storage, "checkpoint.storage", writable=True)
-    datasets = {}
-    for field_name, value in (("dataset.train", spec.dataset.train), ("dataset.validation", spec.dataset.validation)):
-        if value and FILE_ID.match(value):  # uploaded to the API: the workers fetch it with the job's token
-            datasets[field_name] = internal_url(settings, target, f"files/{value}")
-        elif value and value.startswith("pvc://"):
-            datasets[field_name] = volumes.path(value, field_name)
-        elif value:
-            raise ManifestError(f"{field_name}: {value!r}: on a cluster, data is an uploaded file (file-...) or "
-                                "on a volume (pvc://claim/path)")
-    config = runtime_config(spec, plan, name=name, output_dir=f"{checkpoints}/{name}/output",
+    datasets = {field_name: internal_url(settings, target, f"files/{value}") if FILE_ID.match(value) else value
+                for field_name, value in storage.datasets.items()}
+    config = runtime_config(spec, plan, name=name, output_dir=f"{storage.checkpoints}/{name}/output",
                             train=datasets["dataset.train"], validation=datasets.get("dataset.validation"),
-                            checkpoint_storage=checkpoints, telemetry_endpoint=internal_url(settings, target, "telemetry"))
-    config["model"]["source"] = volumes.path(spec.model.source, "model.source")
+                            checkpoint_storage=storage.checkpoints,
+                            telemetry_endpoint=internal_url(settings, target, "telemetry"))
+    config["model"]["source"] = storage.model
     return config
 
 
@@ -226,10 +145,9 @@ def _container(name: str, image: str, resources: dict, env: list[dict], mounts: 
 def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolSpec,
             settings: ClusterSettings) -> tuple[dict, dict]:
     """The RayJob and the runtime config it runs (the caller stores that in `config_map`)."""
-    if plan.device != "gpu" or plan.gpus % plan.nodes:
-        raise ValueError(f"a cluster plan spreads GPUs evenly over nodes, got {plan.gpus} over {plan.nodes}")
-    volumes = Volumes()
-    config = cluster_runtime_config(target, spec, plan, settings, volumes)
+    storage = check_runnable(spec, plan, settings.default_checkpoint_storage)
+    volumes = storage.volumes
+    config = cluster_runtime_config(target, spec, plan, settings, storage)
     name = ray_job_name(target)
     gpus_per_pod = plan.gpus // plan.nodes
     token = {"name": "TUNEWRIGHT_TELEMETRY_TOKEN",
@@ -303,7 +221,3 @@ def ray_job(target: Target, spec: FineTuneJobSpec, plan: JobPlan, pool: GPUPoolS
     meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(spec)}
     return {"apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": meta, "spec": body}, config
 
-
-def spec_hash(spec: FineTuneJobSpec) -> str:
-    """What the RayJob was made from: everything in the spec but `suspend` (which may change while it runs)."""
-    return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude={"suspend"}).encode()).hexdigest()

@@ -16,13 +16,23 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from tunewright_operator import manifests
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.jobs import dataset_tokens_of, plan_job
-from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
-from tunewright_operator.planner.search import NoPlan
-from tunewright_operator.pools import measured_links_of, planner_pool
-from tunewright_operator.spec import (
+from tunewright_core.k8s import AlreadyExists, Cluster
+from tunewright_core.names import (
+    DATASET_BYTES_ANNOTATION,
+    MODEL_SHAPE_ANNOTATION,
+    PLAN_ANNOTATION,
+    QUEUE_LABEL,
+    SPEC_HASH_ANNOTATION,
+    TOKEN_HASH_ANNOTATION,
+    job_id_of,
+)
+from tunewright_core.plan_of_record import adopted_plan, spec_hash
+from tunewright_core.planner import calibration
+from tunewright_core.planner.jobs import dataset_tokens_of, plan_job
+from tunewright_core.planner.models import ModelProfile, from_hf_config, lookup
+from tunewright_core.planner.search import NoPlan
+from tunewright_core.pools import planner_pool, resolve_pool
+from tunewright_core.spec import (
     TERMINAL_PHASES,
     FineTuneJobSpec,
     FineTuneJobStatus,
@@ -33,7 +43,7 @@ from tunewright_operator.spec import (
     MeasuredLinks,
     error_message,
 )
-from tunewright_operator.status import (
+from tunewright_core.status import (
     CONDITION_OF_PHASE,
     Observation,
     PodProblem,
@@ -43,33 +53,10 @@ from tunewright_operator.status import (
     set_condition,
     with_condition,
 )
+from tunewright_core.storage import NotRunnable
+from tunewright_operator import manifests
 
-DATASET_BYTES_ANNOTATION = "tunewright.dev/dataset-bytes"  # the training file's size, when the API knows it
-TOKEN_HASH_ANNOTATION = "tunewright.dev/telemetry-token-sha256"
-MODEL_SHAPE_ANNOTATION = "tunewright.dev/model-shape"  # config.json's shape keys, for a model not in the catalog
 MAX_SHAPE_CHARACTERS = 16384
-
-
-class Cluster(Protocol):
-    def get(self, kind: str, namespace: str | None, name: str) -> dict | None: ...
-
-    def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None) -> list[dict]: ...
-
-    def create(self, obj: dict) -> dict:
-        """Raises `AlreadyExists` when an object of that name exists."""
-
-    def patch(self, kind: str, namespace: str | None, name: str, patch: dict) -> None: ...
-
-    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict) -> None: ...
-
-    def delete(self, kind: str, namespace: str | None, name: str) -> bool:
-        """Whether it was there: gone already is fine."""
-
-    def event(self, regarding: dict, type_: str, reason: str, message: str) -> None: ...
-
-
-class AlreadyExists(Exception):
-    pass
 
 
 class Summaries(Protocol):
@@ -91,7 +78,7 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     meta = job["metadata"]
     namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation", 1)
     status = FineTuneJobStatus.model_validate(job.get("status") or {})
-    target = manifests.Target(namespace, name, meta["uid"], manifests.job_id_of(meta))
+    target = manifests.Target(namespace, name, meta["uid"], job_id_of(meta))
 
     written = status  # what the API server holds
 
@@ -137,14 +124,15 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
         if pool is None:
             return settle(Observation("Pending", "PoolNotFound", why_not))
         if replan:
-            try:
-                plan = plan_on_pool(spec, pool_name, pool, job, measured)
+            try:  # the API's plan of record when it was made for this spec on this pool, else our own
+                plan = (adopted_plan((meta.get("annotations") or {}).get(PLAN_ANNOTATION), spec, pool_name, pool)
+                        or plan_on_pool(spec, pool_name, pool, job, measured))
             except (NoPlan, ValueError) as err:
                 return settle(Observation("Failed", "NoPlan", str(err)))
             settle(Observation("Planned", "Planned", plan.explanation), plan=plan)
         try:
             ray_job = create_run(cluster, job, target, spec, plan, pool, settings)
-        except manifests.ManifestError as err:
+        except NotRunnable as err:
             return settle(Observation("Failed", "InvalidSpec", str(err)))
     else:
         if ray_job["spec"].get("suspend", False) != (desired := wants_suspend(spec, ray_job)):
@@ -199,7 +187,7 @@ def note_spec_changes(job: dict, ray_job: dict, spec: FineTuneJobSpec, cluster: 
                       status: FineTuneJobStatus, generation: int, now: datetime) -> list:
     """A running job takes only `suspend` from its spec: any other change is said (a condition and one
     Warning event), not silently ignored. Returns the conditions to write."""
-    applied = ray_job["metadata"].get("annotations", {}).get(manifests.SPEC_HASH_ANNOTATION) == manifests.spec_hash(spec)
+    applied = ray_job["metadata"].get("annotations", {}).get(SPEC_HASH_ANNOTATION) == spec_hash(spec)
     if applied:
         return spec_applied(job, cluster, status, True, "Applied", "the running job matches its spec", generation, now)
     return spec_applied(job, cluster, status, False, "SpecChangeIgnored", "only spec.suspend can change once the "
@@ -221,28 +209,8 @@ def spec_applied(job: dict, cluster: Cluster, status: FineTuneJobStatus, applied
 
 def wants_suspend(spec: FineTuneJobSpec, ray_job: dict) -> bool:
     """The RayJob's suspend as it should be: the user's, unless a queue (Kueue) holds it."""
-    queued = manifests.QUEUE_LABEL in ray_job["metadata"].get("labels", {})
+    queued = QUEUE_LABEL in ray_job["metadata"].get("labels", {})
     return spec.suspend or (queued and ray_job["spec"].get("suspend", False))
-
-
-def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = None
-                 ) -> tuple[str | None, GPUPoolSpec | None, MeasuredLinks | None, str]:
-    """The pool named by the spec (or the plan), else the one marked default, with the links its jobs
-    measured; why not when there is none."""
-    wanted = name or spec.resources.pool
-    if wanted:
-        found = cluster.get("GPUPool", None, wanted)
-        if found is None:
-            return wanted, None, None, f"no GPUPool {wanted}: create it, or set resources.pool to an existing one"
-        return wanted, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found), ""
-    defaults = [p for p in cluster.list("GPUPool") if p["spec"].get("default")]
-    if len(defaults) != 1:
-        names = ", ".join(sorted(p["metadata"]["name"] for p in defaults))
-        why = (f"several GPUPools are marked default ({names}): set resources.pool" if defaults else
-               "no GPUPool is marked default: set resources.pool, or create a pool with default: true")
-        return None, None, None, why
-    pool = defaults[0]
-    return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), measured_links_of(pool), ""
 
 
 def model_profile(source: str, annotations: dict) -> ModelProfile:

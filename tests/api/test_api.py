@@ -393,7 +393,7 @@ def test_cli_plan(server, tmp_path, capsys):
                                               ("NVIDIA-A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-PCIE-40GB", "A100-40GB"),
                                               ("NVIDIA L40S", "L40S"), ("NVIDIA L4", "L4"), ("Tesla T4", None)])
 def test_gpu_product_names(product, key):
-    from tunewright_operator.planner.hardware import gpu_from_product_name
+    from tunewright_core.planner.hardware import gpu_from_product_name
 
     assert gpu_from_product_name(product) == key
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tunewright_api.diagnosis import Observed, diagnose
+from tunewright_core.planner import calibration
+from tunewright_core.planner.estimate import estimate
+from tunewright_core.spec import JobPlan, Predicted, RejectedOption
+from tunewright_fit.calibration_fit import measured_pool, run_setup
 from tunewright_jobs.commshare import chrome_trace_events, comm_share, kernel_time, split_events
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.calibration_fit import measured_pool, run_setup
-from tunewright_operator.planner.estimate import estimate
-from tunewright_operator.spec import JobPlan, Predicted, RejectedOption
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 # Recorded before issue 12's runtime, predicted with the calibration fitted on them (the table's cases are

@@ -20,10 +20,17 @@ from tests.api.conftest import TRAIN, Server, upload
 from tests.support.emulated import Operator, client_for, secret_token, wait_for
 from tunewright_api.backends.kubernetes import TENANT_LABEL, observed, tenant_namespace, tenant_of_namespace
 from tunewright_api.errors import ApiError
+from tunewright_core.names import (
+    JOB_ID_ANNOTATION,
+    MODEL_SHAPE_ANNOTATION,
+    PLAN_ANNOTATION,
+    TOKEN_HASH_ANNOTATION,
+    job_id_of,
+)
+from tunewright_core.plan_of_record import adopted_plan
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+from tunewright_core.status import Observation, with_condition
 from tunewright_jobs.telemetry import CheckpointRecord, EndRecord, ExportPaths, StartRecord, StepRecord
-from tunewright_operator.manifests import JOB_ID_ANNOTATION, job_id_of
-from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION, TOKEN_HASH_ANNOTATION
-from tunewright_operator.status import Observation, with_condition
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 
@@ -107,6 +114,11 @@ def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api, emulat
     ftj = cluster.get("FineTuneJob", "tw-team-a", job["id"])
     assert ftj["metadata"]["annotations"][JOB_ID_ANNOTATION] == job["id"] and ftj["spec"]["dataset"]["train"] == train
     assert cluster.get("Namespace", None, "tw-team-a")["metadata"]["labels"]["tunewright.dev/tenant"] == "team-a"
+    # the API's plan is the plan of record: what the operator reads back of the FineTuneJob adopts it
+    pool = cluster.get("GPUPool", None, job["plan"]["pool"])
+    assert adopted_plan(ftj["metadata"]["annotations"][PLAN_ANNOTATION], FineTuneJobSpec.model_validate(ftj["spec"]),
+                        pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"])
+                        ) == JobPlan.model_validate(job["plan"])
 
     rayjob = wait_for(lambda: cluster.list("RayJob", "tw-team-a"), what="the RayJob", operator=operator)[0]
     name = rayjob["metadata"]["name"]

@@ -55,7 +55,7 @@ def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
     from sqlalchemy import text
 
     from tunewright_api.models import Job, MetricPoint
-    from tunewright_operator.spec import JobPlan
+    from tunewright_core.spec import JobPlan
 
     engine = make_engine(url_for(database_url, tmp_path))
     migrate(engine, "0003")

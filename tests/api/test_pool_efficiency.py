@@ -10,15 +10,15 @@ from tunewright_api.models import GpuPool, Job, JobEvent, Tenant
 from tunewright_api.services.plans import plan_on, pool_of, profile_for
 from tunewright_api.services.telemetry import apply
 from tunewright_api.telemetry import CommRecord
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import (
+from tunewright_core.planner import calibration
+from tunewright_core.planner.hardware import (
     LINK_WINDOWS_KEPT,
     fold_efficiency,
     learned_gpu,
     measured_efficiency_factor,
 )
-from tunewright_operator.pools import planner_pool
-from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, MeasuredEfficiency
+from tunewright_core.pools import planner_pool
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, MeasuredEfficiency
 
 
 @pytest.mark.parametrize(("catalog", "predicted_compute", "measured_step", "measured_exposed", "factor"), [

@@ -9,15 +9,15 @@ from tunewright_api.models import GpuPool, Job, Tenant
 from tunewright_api.services.plans import plan_on, pool_of, profile_for
 from tunewright_api.services.telemetry import apply
 from tunewright_api.telemetry import CommRecord
-from tunewright_operator.planner.hardware import (
+from tunewright_core.planner.hardware import (
     LINK_WINDOWS_KEPT,
     LINKS,
     fold_measurement,
     learned,
     measured_bus_bytes_per_s,
 )
-from tunewright_operator.pools import INTER_NODE
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_core.pools import INTER_NODE
+from tunewright_core.spec import FineTuneJobSpec
 
 ETH = LINKS["eth-100g"]
 
@@ -106,9 +106,8 @@ def test_a_gpupool_that_learns_keeps_its_links_in_its_status_and_the_next_plan_u
     from tests.support.emulated import client_for
     from tunewright_api.backends.kubernetes import KubernetesBackend
     from tunewright_api.settings import Settings
-    from tunewright_operator.pools import discovered
-    from tunewright_operator.reconcile import resolve_pool
-    from tunewright_operator.spec import GPUPoolSpec
+    from tunewright_core.pools import discovered, resolve_pool
+    from tunewright_core.spec import GPUPoolSpec
 
     cluster = client_for(emulated_cluster)
     cluster.create(GPUPOOL | {"spec": GPUPOOL["spec"] | {"learnLinks": learns}})
@@ -147,7 +146,7 @@ def test_a_gpupool_that_cannot_be_written_costs_the_window_never_the_telemetry(e
     from tests.support.emulated import client_for
     from tunewright_api.backends.kubernetes import KubernetesBackend
     from tunewright_api.settings import Settings
-    from tunewright_operator.k8s import KubernetesError
+    from tunewright_core.k8s import KubernetesError
 
     cluster = client_for(emulated_cluster)
     cluster.create(GPUPOOL | {"spec": GPUPOOL["spec"] | {"learnLinks": True}})
@@ -171,12 +170,12 @@ def test_a_pool_that_has_learned_converges_on_the_true_bandwidth_not_between_it_
     """A plan made on a pool that had learned predicts its collectives at the learned bandwidth: a window is
     scaled from that one (scaled from the declared one, windows of a link at a quarter of its declared rate
     would settle at half of it: sqrt(declared x true))."""
-    from tunewright_operator.planner import calibration
-    from tunewright_operator.planner.estimate import Workload
-    from tunewright_operator.planner.hardware import Pool, learned
-    from tunewright_operator.planner.models import CATALOG
-    from tunewright_operator.planner.search import plan
-    from tunewright_operator.pools import learnt_links
+    from tunewright_core.planner import calibration
+    from tunewright_core.planner.estimate import Workload
+    from tunewright_core.planner.hardware import Pool, learned
+    from tunewright_core.planner.models import CATALOG
+    from tunewright_core.planner.search import plan
+    from tunewright_core.pools import learnt_links
 
     cal, _ = calibration.load()
     true_bus = ETH.bus_bytes_per_s / 4

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tunewright_api.telemetry import measured, progress
-from tunewright_operator.spec import JobPlan
+from tunewright_core.spec import JobPlan
 
 START = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 PREDICTED = {"peakMemoryGiB": 40, "stepSeconds": 1.0, "matmulSeconds": 0.6, "memoryBoundSeconds": 0.3,

@@ -18,7 +18,7 @@ import yaml
 
 from tests.support.pss import pod_specs, restricted_violations
 from tests.support.schemas import errors
-from tunewright_operator.crds import crds, values_pool_schema, with_pool_schema
+from tunewright_core.crds import crds, values_pool_schema, with_pool_schema
 from tunewright_operator.manifests import RAY_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -196,7 +196,7 @@ def test_every_values_key_is_documented_and_typed():
 
 
 def test_the_pools_value_is_checked_as_the_gpupool_crd_checks_a_spec():
-    """Generated with the CRDs (python -m tunewright_operator.crds): fails when either drifts."""
+    """Generated with the CRDs (python -m tunewright_core.crds): fails when either drifts."""
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema == with_pool_schema(schema)
     assert schema["properties"]["pools"]["items"] == values_pool_schema()

@@ -1,6 +1,7 @@
-"""Imports go one way (DESIGN.md): api → operator (its typed contracts, the planner, the runtime-config
-builder and, for the kubernetes backend, its cluster client and names); operator ↛ jobs, api; jobs ↛ anything
-of ours. Contracts across a boundary are held by tests, not imports: the runtime is reached through a process (`python -m tunewright_jobs...`) and its files."""
+"""Imports go one way: api → core ← operator, and jobs → core's records only. Core (the spec, the planner,
+the runtime-config builder, pools, names, the cluster client) imports nothing else of ours; the API and the
+operator never import each other; the runtime is reached through a process (`python -m tunewright_jobs...`)
+and its files, and shares only the telemetry records' definitions."""
 
 import ast
 import importlib
@@ -9,16 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"tunewright_jobs": ROOT / "jobs", "tunewright_operator": ROOT / "operator", "tunewright_api": ROOT / "api"}
+PACKAGES = {"tunewright_core": ROOT / "core", "tunewright_jobs": ROOT / "jobs",
+            "tunewright_operator": ROOT / "operator", "tunewright_api": ROOT / "api"}
 # what each package may import of the others (prefixes of module names)
 ALLOWED = {
+    "tunewright_core": (),
     "tunewright_jobs": (),
-    "tunewright_operator": (),
-    # the kubernetes backend speaks the operator's side of the cluster contract: its client, the names and
-    # annotations of what it makes, how a job's pool is resolved
-    "tunewright_api": ("tunewright_operator.spec", "tunewright_operator.planner", "tunewright_operator.jobconfig",
-                       "tunewright_operator.k8s", "tunewright_operator.manifests", "tunewright_operator.pools",
-                       "tunewright_operator.reconcile", "tunewright_operator.status"),
+    "tunewright_operator": ("tunewright_core",),
+    "tunewright_api": ("tunewright_core",),
 }
 
 
@@ -45,8 +44,8 @@ def test_imports_cross_boundaries_only_where_allowed(package):
 
 def test_the_check_sees_a_forbidden_import(tmp_path):
     offender = tmp_path / "offender.py"
-    offender.write_text("import os\nfrom tunewright_api.models import Job\nimport tunewright_operator.planner\n")
-    assert imports_of(offender) == [(1, "os"), (2, "tunewright_api.models"), (3, "tunewright_operator.planner")]
+    offender.write_text("import os\nfrom tunewright_api.models import Job\nimport tunewright_core.planner\n")
+    assert imports_of(offender) == [(1, "os"), (2, "tunewright_api.models"), (3, "tunewright_core.planner")]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

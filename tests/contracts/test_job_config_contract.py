@@ -3,11 +3,11 @@
 import pytest
 from pydantic import ValidationError
 
+from tunewright_core import spec as operator_spec
+from tunewright_core.jobconfig import runtime_config
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 from tunewright_jobs import config
 from tunewright_jobs.config import JobConfig
-from tunewright_operator import spec as operator_spec
-from tunewright_operator.jobconfig import runtime_config
-from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
 
 def layout(strategy, gpus, nodes, micro, accum, checkpointing, shard_group=1, cpu_offload=False) -> JobPlan:
@@ -50,8 +50,8 @@ def test_emitted_config_parses_and_keeps_the_plan(plan, method):
 
 
 def test_the_planner_counts_the_fused_loss_chunk_the_runtime_holds():
+    from tunewright_core.planner.estimate import FUSED_LOSS_CHUNK_ELEMENTS as planned_chunk
     from tunewright_jobs.kernels import FUSED_LOSS_CHUNK_ELEMENTS as runtime_chunk
-    from tunewright_operator.planner.estimate import FUSED_LOSS_CHUNK_ELEMENTS as planned_chunk
 
     assert planned_chunk == runtime_chunk
 

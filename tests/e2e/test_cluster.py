@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from tests.support.emulated import ROOT, Operator
+from tunewright_core.k8s import KubernetesCluster, load_credentials
+from tunewright_core.names import MODEL_SHAPE_ANNOTATION
 from tunewright_jobs.tiny import build_model
-from tunewright_operator.k8s import KubernetesCluster, load_credentials
-from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION
 
 pytestmark = pytest.mark.e2e
 KUBECTL = str(ROOT / ".tools" / "bin" / "kubectl")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tunewright_operator.planner.comm import (
+from tunewright_core.planner.comm import (
     Group,
     UnitBytes,
     UnitCompute,
@@ -12,8 +12,8 @@ from tunewright_operator.planner.comm import (
     ring_seconds,
     step_comm,
 )
-from tunewright_operator.planner.estimate import Layout, groups
-from tunewright_operator.planner.hardware import GPUS, LINKS, Link, Pool
+from tunewright_core.planner.estimate import Layout, groups
+from tunewright_core.planner.hardware import GPUS, LINKS, Link, Pool
 
 NVLINK, IB, ETH = LINKS["nvlink4"], LINKS["ib-8x400g"], LINKS["eth-100g"]
 LINK = Link("test link", 100e9, 10e-6)

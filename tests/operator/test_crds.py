@@ -10,12 +10,12 @@ import yaml
 from pydantic import ValidationError
 
 from tests.support.schemas import errors, structural_violations
-from tunewright_operator.crds import DEFAULT_OUT, crds, render
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import LINKS, Pool
-from tunewright_operator.planner.jobs import plan_job
-from tunewright_operator.planner.models import CATALOG
-from tunewright_operator.spec import (
+from tunewright_core.crds import DEFAULT_OUT, crds, render
+from tunewright_core.planner import calibration
+from tunewright_core.planner.hardware import LINKS, Pool
+from tunewright_core.planner.jobs import plan_job
+from tunewright_core.planner.models import CATALOG
+from tunewright_core.spec import (
     Condition,
     FineTuneJobSpec,
     FineTuneJobStatus,
@@ -39,7 +39,7 @@ def test_the_committed_crds_are_the_generated_ones():
     for name, crd in crds().items():
         committed = DEFAULT_OUT / name
         assert committed.is_file() and committed.read_text() == render(crd), (
-            f"{committed} drifted from spec.py: run `python -m tunewright_operator.crds`")
+            f"{committed} drifted from spec.py: run `python -m tunewright_core.crds`")
     assert sorted(p.name for p in DEFAULT_OUT.glob("*.yaml")) == sorted(crds())
 
 

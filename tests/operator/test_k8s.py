@@ -8,8 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from kubernetes import client
 
-from tunewright_operator.k8s import KubernetesCluster, KubernetesError
-from tunewright_operator.reconcile import AlreadyExists
+from tunewright_core.k8s import AlreadyExists, KubernetesCluster, KubernetesError
 
 
 class Recorder(BaseHTTPRequestHandler):

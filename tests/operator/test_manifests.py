@@ -14,20 +14,18 @@ from hypothesis import strategies as st
 
 from tests.support.pss import kuberay_pods, restricted_violations
 from tests.support.schemas import errors
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+from tunewright_core.storage import NotRunnable, Volumes, volume_uri
 from tunewright_jobs.config import JobConfig
 from tunewright_operator.manifests import (
     DNS_1035_LABEL,
     ClusterSettings,
-    ManifestError,
     Target,
-    Volumes,
     config_map,
     ray_job,
     ray_job_name,
     telemetry_secret,
-    volume_uri,
 )
-from tunewright_operator.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
 KUBERAY = Path(__file__).resolve().parents[3] / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
 TARGET = Target(namespace="team-a", name="llama-8b-support-lora", uid="0b7e4c1a-5d2f-4e8a-9c3b-2f1d6e7a8b9c",
@@ -138,7 +136,7 @@ def test_config_map_and_secret_are_valid_kubernetes_objects(version):
     ({"dataset": {"train": "/data/train.jsonl"}}, "dataset.train"),
 ])
 def test_what_cannot_run_on_a_cluster_is_refused_naming_the_field(patch, field):
-    with pytest.raises(ManifestError, match=f"^{field}:"):
+    with pytest.raises(NotRunnable, match=f"^{field}:"):
         ray_job(TARGET, FineTuneJobSpec.model_validate({**SPEC, **patch}), PLANS[0], POOL, SETTINGS)
 
 

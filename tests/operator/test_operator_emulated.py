@@ -17,8 +17,8 @@ import yaml
 
 from tests.support.apiserver import FakeApiServer
 from tests.support.emulated import ROOT, Operator, client_for, resources, secret_token, wait_for
-from tunewright_operator.k8s import KubernetesError
-from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION
+from tunewright_core.k8s import KubernetesError
+from tunewright_core.names import TOKEN_HASH_ANNOTATION
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunewright_operator.planner import calibration, calibration_fit
-from tunewright_operator.planner.estimate import (
+from tunewright_core.planner import calibration
+from tunewright_core.planner.estimate import (
     END_OF_BACKWARD,
     GRADIENTS,
     LOSS_GRADIENTS,
@@ -23,14 +23,14 @@ from tunewright_operator.planner.estimate import (
     host_state_bytes,
     sharded_states,
 )
-from tunewright_operator.planner.formulas import (
+from tunewright_core.planner.formulas import (
     deepspeed_zero3_bytes,
     korthikanti_activation_bytes,
     zero_model_state_bytes,
 )
-from tunewright_operator.planner.hardware import GIB, GPUS, LINKS, Pool
-from tunewright_operator.planner.models import CATALOG, from_hf_config, lookup
-from tunewright_operator.planner.search import (
+from tunewright_core.planner.hardware import GIB, GPUS, LINKS, Pool
+from tunewright_core.planner.models import CATALOG, from_hf_config, lookup
+from tunewright_core.planner.search import (
     MEMORY_MARGIN,
     MEMORY_UNDER_PREDICTION_BOUND,
     USABLE_HOST_MEMORY,
@@ -41,6 +41,7 @@ from tunewright_operator.planner.search import (
     evaluate,
     plan,
 )
+from tunewright_fit import calibration_fit
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 MEASURED = sorted(RESULTS.glob("gpu_*_h200.json"))
@@ -575,7 +576,7 @@ def test_what_is_not_a_catalog_model_is_not_taken_for_one(source):
 
 
 def _spec(**hyper):
-    from tunewright_operator.spec import FineTuneJobSpec
+    from tunewright_core.spec import FineTuneJobSpec
 
     return FineTuneJobSpec.model_validate({"model": {"source": "gpt2"}, "dataset": {"train": "file-x"},
                                            "hyperparameters": hyper})
@@ -592,7 +593,7 @@ def _spec(**hyper):
     ({"globalBatchSize": 4}, (150, 150 * 240, 400), 0, (128, 4), "seqLen 128"),
 ])
 def test_sizes_follow_from_the_data(hyper, data, positions, expected, chosen):
-    from tunewright_operator.planner.jobs import sized_for_data
+    from tunewright_core.planner.jobs import sized_for_data
 
     examples, characters, longest = data
     sized, why = sized_for_data(_spec(**hyper), examples=examples, characters=characters,
@@ -606,7 +607,7 @@ def test_sizes_follow_from_the_data(hyper, data, positions, expected, chosen):
     ({"globalBatchTokens": 2048 * 4096, "seqLen": 2048}, "hyperparameters.globalBatchTokens"),
 ])
 def test_sizes_the_data_cannot_fill_are_refused_naming_the_field(hyper, field):
-    from tunewright_operator.planner.jobs import sized_for_data
+    from tunewright_core.planner.jobs import sized_for_data
 
     with pytest.raises(ValueError, match=rf"^{field}: the dataset is too small .* 150 examples make at most"):
         sized_for_data(_spec(**hyper), examples=150, characters=150 * 240, longest_characters=400)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.calibration_fit import MEASURED_MODELS
-from tunewright_operator.planner.models import CATALOG, from_hf_config, hf_config
+from tunewright_core.planner import calibration
+from tunewright_core.planner.models import CATALOG, from_hf_config, hf_config
+from tunewright_fit.calibration_fit import MEASURED_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 # what the API imports of the planner (its image has no numpy); the fit is the only numpy user
@@ -18,10 +18,10 @@ PER_REQUEST = ["calibration", "estimate", "comm", "band", "search", "hardware", 
 
 
 def test_the_per_request_planner_imports_without_numpy():
-    imports = "; ".join(f"import tunewright_operator.planner.{m}" for m in PER_REQUEST)
+    imports = "; ".join(f"import tunewright_core.planner.{m}" for m in PER_REQUEST)
     code = (f"import sys; sys.modules['numpy'] = None; {imports}; "
-            "from tunewright_operator.planner import calibration; calibration.for_gpu('H100')")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
+            "from tunewright_core.planner import calibration; calibration.for_gpu('H100')")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "core")}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

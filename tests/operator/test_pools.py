@@ -2,8 +2,8 @@
 
 import pytest
 
-from tunewright_operator.pools import discovered, selector
-from tunewright_operator.spec import GPUPoolSpec
+from tunewright_core.pools import discovered, selector
+from tunewright_core.spec import GPUPoolSpec
 
 POOL = GPUPoolSpec.model_validate({"gpu": "H100", "gpusPerNode": 8, "maxNodes": 2, "intraNode": "nvlink4",
                                    "nodeSelector": {"pool": "h100", "tier": "train"}, "pricePerGPUHour": 2.5,
@@ -39,9 +39,9 @@ def test_the_selector_is_the_pools_node_selector():
 
 
 def test_a_pool_plans_on_its_measured_links_only_where_it_learns_them():
-    from tunewright_operator.planner.hardware import LINKS
-    from tunewright_operator.pools import measured_links_of, planner_pool
-    from tunewright_operator.spec import MeasuredLinks
+    from tunewright_core.planner.hardware import LINKS
+    from tunewright_core.pools import measured_links_of, planner_pool
+    from tunewright_core.spec import MeasuredLinks
 
     measured = MeasuredLinks.model_validate({"intraNode": {"busBytesPerSecond": 1e11, "windows": 3, "lastJob": "j",
                                                            "measuredAt": 1.0}})
@@ -58,8 +58,8 @@ def test_a_pool_plans_on_its_measured_links_only_where_it_learns_them():
 
 @pytest.mark.parametrize(("gpus", "nodes", "key"), [(1, 1, None), (8, 1, "intraNode"), (16, 2, "interNode")])
 def test_a_window_teaches_the_link_its_collectives_crossed(gpus, nodes, key):
-    from tunewright_operator.pools import learnt_links
-    from tunewright_operator.spec import JobPlan, Predicted
+    from tunewright_core.pools import learnt_links
+    from tunewright_core.spec import JobPlan, Predicted
 
     predicted = Predicted.model_construct(comm_seconds=0.5)
     plan = JobPlan.model_construct(device="gpu", gpus=gpus, nodes=nodes, predicted=predicted)

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.support.fake_cluster import Crash, FakeCluster
+from tunewright_core.names import TOKEN_HASH_ANNOTATION
 from tunewright_operator.manifests import ClusterSettings, Target, ray_job_name
-from tunewright_operator.reconcile import TOKEN_HASH_ANNOTATION, reconcile
+from tunewright_operator.reconcile import reconcile
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 SETTINGS = ClusterSettings(api_url="http://tunewright-api.tunewright.svc:8000", job_token_key=b"k" * 32)
@@ -245,8 +246,8 @@ def test_the_operator_reads_no_secret_and_its_token_survives_a_restart():
 
 
 def test_a_model_outside_the_catalog_is_planned_from_its_annotated_shape():
-    from tunewright_operator.planner.models import CATALOG, hf_config
-    from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION
+    from tunewright_core.names import MODEL_SHAPE_ANNOTATION
+    from tunewright_core.planner.models import CATALOG, hf_config
 
     spec = {**SPEC, "model": {"source": "pvc://models/our-llama"}}
     unknown = cluster_with(POOL, finetunejob(spec))
@@ -273,7 +274,7 @@ def test_a_model_outside_the_catalog_is_planned_from_its_annotated_shape():
     ('{"x": "' + "y" * 20000 + '"}', "]: longer than 16384 characters"),
 ])
 def test_a_bad_model_shape_fails_the_job_naming_the_annotation(shape, says):
-    from tunewright_operator.reconcile import MODEL_SHAPE_ANNOTATION
+    from tunewright_core.names import MODEL_SHAPE_ANNOTATION
 
     job = finetunejob({**SPEC, "model": {"source": "pvc://models/our-llama"}})
     job["metadata"]["annotations"] = {MODEL_SHAPE_ANNOTATION: shape}
@@ -281,3 +282,35 @@ def test_a_bad_model_shape_fails_the_job_naming_the_annotation(shape, says):
     assert run(cluster).phase == "Failed"
     message = job_status(cluster)["conditions"][0]["message"]
     assert message.startswith(f"metadata.annotations[{MODEL_SHAPE_ANNOTATION}") and says in message, message
+
+
+def test_the_api_plan_of_record_is_adopted_while_its_spec_and_pool_match(monkeypatch):
+    """One plan per job: the operator runs the plan the API made and wrote onto the FineTuneJob, without
+    planning again; a plan written for another spec is not adopted (the job is planned here)."""
+    from tunewright_core.names import PLAN_ANNOTATION
+    from tunewright_core.plan_of_record import plan_annotation
+    from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+    from tunewright_operator import reconcile as reconciler
+
+    api_plan = JobPlan(pool="h100", strategy="fsdp", workers=16, gpus=16, nodes=2, micro_batch=1, grad_accum=4,
+                       explanation="the API's plan of record")
+    spec, pool = FineTuneJobSpec.model_validate(SPEC), GPUPoolSpec.model_validate(POOL["spec"])
+    job = finetunejob()
+    job["metadata"]["annotations"] = {PLAN_ANNOTATION: plan_annotation(spec, "h100", pool, api_plan)}
+
+    def no_planning(*args, **kwargs):
+        raise AssertionError("the operator planned a job whose plan of record matched")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(reconciler, "plan_job", no_planning)
+        cluster = cluster_with(POOL, job)
+        assert run(cluster).phase == "Queued"
+    assert JobPlan.model_validate(job_status(cluster)["plan"]) == api_plan
+    assert rayjob(cluster)["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+    other = spec.model_copy(update={"hyperparameters": spec.hyperparameters.model_copy(update={"max_steps": 7})})
+    stale = finetunejob()
+    stale["metadata"]["annotations"] = {PLAN_ANNOTATION: plan_annotation(other, "h100", pool, api_plan)}
+    cluster = cluster_with(POOL, stale)
+    assert run(cluster).phase == "Queued"
+    assert job_status(cluster)["plan"]["explanation"] != api_plan.explanation

@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from tunewright_operator.planner import calibration, scale_fit
-from tunewright_operator.planner.band import Evidence, band
-from tunewright_operator.planner.hardware import LINKS
+from tunewright_core.planner import calibration
+from tunewright_core.planner.band import Evidence, band
+from tunewright_core.planner.hardware import LINKS
+from tunewright_fit import scale_fit
 
 COMMITTED = json.loads(scale_fit.SCALE_FILE.read_text())
 

@@ -1,11 +1,11 @@
 import pytest
 from pydantic import ValidationError
 
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import GPUS, LINKS, Pool
-from tunewright_operator.planner.jobs import plan_job, workload
-from tunewright_operator.planner.models import CATALOG
-from tunewright_operator.spec import (
+from tunewright_core.planner import calibration
+from tunewright_core.planner.hardware import GPUS, LINKS, Pool
+from tunewright_core.planner.jobs import plan_job, workload
+from tunewright_core.planner.models import CATALOG
+from tunewright_core.spec import (
     DEFAULT_GLOBAL_BATCH,
     FineTuneJobSpec,
     GPUPoolSpec,
@@ -119,8 +119,8 @@ def test_a_deadline_without_a_budget_asks_for_the_cheapest_plan_that_meets_it():
 
 
 def test_the_plan_carries_selective_checkpointing_and_kept_weights_to_the_runtime():
+    from tunewright_core.jobconfig import runtime_config
     from tunewright_jobs.config import JobConfig
-    from tunewright_operator.jobconfig import runtime_config
 
     wire = {"pool": "h200", "strategy": "fsdp", "workers": 8, "gpus": 8, "microBatch": 1, "gradAccum": 8,
             "activationCheckpointing": True, "activationCheckpointingEvery": 2, "reshardAfterForward": False,

@@ -4,8 +4,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tunewright_operator.spec import PHASES
-from tunewright_operator.status import PodProblem, held_cost, observe, pod_problem, with_condition
+from tunewright_core.spec import PHASES
+from tunewright_core.status import PodProblem, held_cost, observe, pod_problem, with_condition
 
 UNSCHEDULABLE = PodProblem("FailedScheduling", "0/8 nodes are available: 8 Insufficient nvidia.com/gpu.")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from kubernetes import client
 
 from tests.support.apiserver import FakeApiServer, Resource, load_crd
-from tunewright_operator.k8s import KubernetesCluster
+from tunewright_core.k8s import KubernetesCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "charts" / "tunewright" / "crds"

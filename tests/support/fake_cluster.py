@@ -7,7 +7,7 @@ import copy
 import itertools
 import uuid
 
-from tunewright_operator.reconcile import AlreadyExists
+from tunewright_core.k8s import AlreadyExists
 
 
 class Crash(Exception):

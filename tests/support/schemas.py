@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import jsonschema
 
-from tunewright_operator.crds import as_json_schema
+from tunewright_core.crds import as_json_schema
 
 to_draft7 = as_json_schema  # the one conversion: the chart's values schema is made with it too
 

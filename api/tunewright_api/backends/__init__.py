@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from sqlalchemy.engine import Engine
@@ -20,8 +21,9 @@ from sqlmodel import Session
 
 from tunewright_api.models import Job, StoredFile
 from tunewright_api.settings import Settings
-from tunewright_operator.planner.hardware import Pool
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_core.planner.hardware import Pool
+from tunewright_core.planner.models import ModelProfile
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,16 @@ class AlreadyFinished(Exception):
     """The job ended before the request could act on it (e.g. a cancel racing the run's own end)."""
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A job's plan of record and what it was made from, handed from `plan` to `submit` so that nothing is
+    resolved twice."""
+
+    plan: JobPlan
+    profile: ModelProfile | None = None  # the model's shape, where it was profiled here
+    pool: GPUPoolSpec | None = None  # the GPUPool planned on (the kubernetes backend)
+
+
 class Backend(Protocol):
     def start(self) -> None:
         """Begin scheduling; reconcile jobs left running by an earlier API process."""
@@ -75,14 +87,14 @@ class Backend(Protocol):
         """One of this backend's pools as the planner models it, for dry-run plans (None: not a GPU pool
         this backend can describe)."""
 
-    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
+    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> Planned:
         """How this job would run here; ApiError (422, naming the field) when it cannot."""
 
     def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
         """Fold a profiler window's measured transfer time into the pool the job was planned on, where that
         pool learns its links; what was learnt, for the job's events (None: nothing)."""
 
-    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
+    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, planned: Planned, train: StoredFile,
                validation: StoredFile | None, telemetry_token: str) -> None:
         """Everything the run needs (its runtime config, secrets, storage), in the job's transaction; the
         job is queued when the caller commits."""

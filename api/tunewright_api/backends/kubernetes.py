@@ -27,37 +27,32 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 from urllib3.exceptions import HTTPError as TransportError
 
-from tunewright_api.backends import AlreadyFinished, Ticker
+from tunewright_api.backends import AlreadyFinished, Planned, Ticker
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
 from tunewright_api.services.plans import learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL
-from tunewright_operator.k8s import KubernetesCluster, KubernetesError, load_credentials
-from tunewright_operator.manifests import (
-    JOB_ID_ANNOTATION,
-    ClusterSettings,
-    ManifestError,
-    Target,
-    job_id_of,
-    ray_job,
-)
-from tunewright_operator.planner.hardware import Pool
-from tunewright_operator.planner.jobs import dataset_tokens_of
-from tunewright_operator.planner.models import ModelProfile, hf_config, lookup
-from tunewright_operator.pools import learnt_links, measured_links_of, planner_pool, teaches
-from tunewright_operator.reconcile import (
+from tunewright_core.k8s import AlreadyExists, KubernetesCluster, KubernetesError, load_credentials
+from tunewright_core.names import (
     DATASET_BYTES_ANNOTATION,
+    JOB_ID_ANNOTATION,
     MODEL_SHAPE_ANNOTATION,
+    PLAN_ANNOTATION,
+    TENANT_LABEL,
     TOKEN_HASH_ANNOTATION,
-    AlreadyExists,
-    resolve_pool,
+    job_id_of,
 )
-from tunewright_operator.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, JobPlan, MeasuredLinks
-from tunewright_operator.status import CONDITION_OF_PHASE
+from tunewright_core.plan_of_record import plan_annotation
+from tunewright_core.planner.hardware import Pool
+from tunewright_core.planner.jobs import dataset_tokens_of
+from tunewright_core.planner.models import hf_config, lookup
+from tunewright_core.pools import learnt_links, measured_links_of, planner_pool, resolve_pool, teaches
+from tunewright_core.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, MeasuredLinks
+from tunewright_core.status import CONDITION_OF_PHASE
+from tunewright_core.storage import NotRunnable, check_runnable
 
 log = logging.getLogger(__name__)
-TENANT_LABEL = "tunewright.dev/tenant"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "tunewright-api"}
 # a FineTuneJob missing from this many complete listings in a row, for a job recorded at least this long ago,
 # was deleted
@@ -79,13 +74,14 @@ def tenant_of_namespace(prefix: str, namespace: str) -> str | None:
     return namespace.removeprefix(prefix) if namespace.startswith(prefix) and len(namespace) > len(prefix) else None
 
 
-def finetunejob_for(job: Job, spec: FineTuneJobSpec, namespace: str, train: StoredFile,
-                    profile: ModelProfile) -> dict:
-    """The FineTuneJob the API creates for a job (pure): with the model's shape when the operator's catalog
-    lacks it (the API read its config.json)."""
-    annotations = {JOB_ID_ANNOTATION: job.id, DATASET_BYTES_ANNOTATION: str(train.bytes)}
-    if lookup(spec.model.source) is None:
-        annotations[MODEL_SHAPE_ANNOTATION] = json.dumps(hf_config(profile), sort_keys=True)
+def finetunejob_for(job: Job, spec: FineTuneJobSpec, namespace: str, train: StoredFile, planned: Planned) -> dict:
+    """The FineTuneJob the API creates for a job (pure): with its plan of record, which the operator adopts,
+    and the model's shape when the operator's catalog lacks it (the API read its config.json), for a plan
+    made again after a change."""
+    annotations = {JOB_ID_ANNOTATION: job.id, DATASET_BYTES_ANNOTATION: str(train.bytes),
+                   PLAN_ANNOTATION: plan_annotation(spec, planned.plan.pool, planned.pool, planned.plan)}
+    if lookup(spec.model.source) is None and planned.profile is not None:
+        annotations[MODEL_SHAPE_ANNOTATION] = json.dumps(hf_config(planned.profile), sort_keys=True)
     return {"apiVersion": "tunewright.dev/v1alpha1", "kind": "FineTuneJob",
             "metadata": {"name": job.id, "namespace": namespace, "labels": dict(MANAGED_BY),
                          "annotations": annotations},
@@ -157,14 +153,16 @@ class KubernetesBackend:
         return (planner_pool(name, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found)) if found
                 else None)
 
-    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
-        """What the operator will plan (the same planner, pool and dataset size), said at once."""
+    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> Planned:
+        """The job's plan of record, on the pool the operator would resolve: written onto the FineTuneJob,
+        where the operator adopts it."""
         name, pool, measured, why_not = resolve_pool(spec, self.cluster)
         if pool is None:
             raise ApiError(422, why_not, "resources.pool", "unknown_pool")
-        return plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"),
-                       pool=planner_pool(name, pool, measured), dataset_tokens=dataset_tokens_of(train.bytes),
-                       spec_param=None)
+        profile = profile_for(spec.model.source, param="model.source")
+        plan = plan_on(spec=spec, profile=profile, pool=planner_pool(name, pool, measured),
+                       dataset_tokens=dataset_tokens_of(train.bytes), spec_param=None)
+        return Planned(plan, profile, pool)
 
     def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
         """Fold a window's measured transfer into the GPUPool the job was planned on, where it learns its
@@ -198,7 +196,7 @@ class KubernetesBackend:
         return said
 
     # --- the work ------------------------------------------------------------------------------------
-    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
+    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, planned: Planned, train: StoredFile,
                validation: StoredFile | None, telemetry_token: str) -> None:
         """The tenant's namespace (once) and the FineTuneJob. The workers' token is the operator's."""
         tenant = session.get(Tenant, job.tenant_id)
@@ -207,7 +205,10 @@ class KubernetesBackend:
         if spec.checkpoint.storage is None and storage:  # e.g. the OpenAI route, which has no such field
             spec = spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"storage": storage})})
             job.spec = spec.model_dump(by_alias=True, exclude_none=True)
-        self._check_runnable(namespace, job, spec)
+        try:  # what the operator would refuse (storage and data it cannot mount), refused now
+            check_runnable(spec, planned.plan)
+        except NotRunnable as err:
+            raise ApiError(422, str(err), str(err).split(":", 1)[0], "invalid_value") from None
         existing = self.cluster.get("Namespace", None, namespace)
         if existing is None:
             with contextlib.suppress(AlreadyExists):  # made meanwhile by a concurrent submit
@@ -217,21 +218,9 @@ class KubernetesBackend:
         if (existing["metadata"].get("labels") or {}).get(TENANT_LABEL) != tenant.name:
             raise ApiError(409, f"namespace {namespace} exists but is not labelled {TENANT_LABEL}={tenant.name}: "
                                 "an administrator labels it to give it to this tenant", "tenant", "namespace_not_owned")
-        profile = profile_for(spec.model.source, param="model.source")
-        self.cluster.create(finetunejob_for(job, spec, namespace, train, profile))
+        self.cluster.create(finetunejob_for(job, spec, namespace, train, planned))
         job.telemetry_token_hash = ""  # until the operator annotates its token's hash
         job.cluster = {"namespace": namespace, "name": job.id}
-
-    def _check_runnable(self, namespace: str, job: Job, spec: FineTuneJobSpec) -> None:
-        """What the operator would refuse (storage and data it cannot mount), refused now, naming the field."""
-        _, pool, _, why_not = resolve_pool(spec, self.cluster)
-        if pool is None:
-            raise ApiError(422, why_not, "resources.pool", "unknown_pool")
-        target = Target(namespace, job.id, job.id, job.id)
-        try:
-            ray_job(target, spec, job.job_plan, pool, ClusterSettings(api_url=self.settings.public_url))
-        except ManifestError as err:
-            raise ApiError(422, str(err), str(err).split(":", 1)[0], "invalid_value") from None
 
     def cancel(self, session: Session, job: Job) -> None:
         """Suspend (the RayJob stops at once and frees its GPUs), then delete the FineTuneJob (its finalizer

@@ -28,7 +28,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from tunewright_api.backends import AlreadyFinished, Ticker, local_launcher
+from tunewright_api.backends import AlreadyFinished, Planned, Ticker, local_launcher
 from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
@@ -36,11 +36,11 @@ from tunewright_api.services import telemetry
 from tunewright_api.services.plans import learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL, transition
-from tunewright_operator.jobconfig import runtime_config
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
-from tunewright_operator.planner.jobs import check_fits_model, dataset_tokens_of
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_core.jobconfig import runtime_config
+from tunewright_core.planner import calibration
+from tunewright_core.planner.hardware import GPUS, LINKS, Pool, gpu_from_product_name
+from tunewright_core.planner.jobs import check_fits_model, dataset_tokens_of
+from tunewright_core.spec import FineTuneJobSpec, JobPlan
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 20
@@ -144,16 +144,17 @@ class LocalBackend:
     def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
         return learn_links(session, job, transfer_seconds, at)  # the described pool of the plan's name
 
-    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> JobPlan:
+    def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> Planned:
         settings = self.settings
         if settings.local_gpus == 0:
             try:  # the sizes that follow from the model, when the model can be profiled here
-                check_fits_model(spec, profile_for(spec.model.source, param="model.source"))
+                profile = profile_for(spec.model.source, param="model.source")
+                check_fits_model(spec, profile)
             except ApiError:
-                pass  # not profiled here (e.g. a hub model): the runtime checks it when it loads it
+                profile = None  # not profiled here (e.g. a hub model): the runtime checks it when it loads it
             except ValueError as err:
                 raise ApiError(422, str(err), str(err).partition(":")[0], "invalid_value") from None
-            return cpu_plan(spec, max(1, min(settings.local_workers, os.cpu_count() or 1)))
+            return Planned(cpu_plan(spec, max(1, min(settings.local_workers, os.cpu_count() or 1))), profile)
         # this machine's GPUs as a one-node pool, planned like any other
         gpu_type = settings.local_gpu_type or next(filter(None, map(gpu_from_product_name, gpus_found())), None)
         if gpu_type not in GPUS:
@@ -162,21 +163,22 @@ class LocalBackend:
         host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
         pool = Pool(POOL, calibration.for_gpu(gpu_type), settings.local_gpus, 1, LINKS[settings.local_gpu_link],
                     None, settings.local_price_per_gpu_hour, host_gib)
-        chosen = plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"), pool=pool,
-                         dataset_tokens=dataset_tokens_of(train.bytes), spec_param=None)
-        return chosen.model_copy(update={
-            "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}"})
+        profile = profile_for(spec.model.source, param="model.source")
+        chosen = plan_on(spec=spec, profile=profile, pool=pool, dataset_tokens=dataset_tokens_of(train.bytes),
+                         spec_param=None)
+        return Planned(chosen.model_copy(update={
+            "explanation": f"local pool ({settings.local_gpus} x {gpu_type}): {chosen.explanation}"}), profile)
 
     # --- the work ------------------------------------------------------------------------------------
     def run_dir(self, job: Job) -> Path:
         return self.jobs_root / job.id
 
-    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, train: StoredFile,
+    def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, planned: Planned, train: StoredFile,
                validation: StoredFile | None, telemetry_token: str) -> None:
         """The run folder, its runtime config, and the per-job telemetry secret (owner-only file)."""
         run_dir = self.run_dir(job)
         job.config = runtime_config(
-            spec, job.job_plan, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
+            spec, planned.plan, name=job.id, output_dir=str(run_dir / "output"), train=train.path,
             validation=validation.path if validation else None, checkpoint_storage=str(run_dir / "checkpoints"),
             telemetry_endpoint=f"{self.settings.public_url.rstrip('/')}/v1/internal/jobs/{job.id}/telemetry")
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import yaml
 
 from tunewright_api.cli import render
 from tunewright_api.cli.client import OK, REFUSED, USAGE, Client, RequestFailed
-from tunewright_operator.planner.hardware import GPUS, LINKS
+from tunewright_core.planner.hardware import GPUS, LINKS
 
 __all__ = ["Client", "RequestFailed", "main", "watch"]
 

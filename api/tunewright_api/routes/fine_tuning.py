@@ -18,7 +18,7 @@ from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, ListEnvelope
 from tunewright_api.routes.links import links_from
 from tunewright_api.services import jobs
-from tunewright_operator.spec import (
+from tunewright_core.spec import (
     DEFAULT_EPOCHS,
     DEFAULT_GLOBAL_BATCH,
     FineTuneJobSpec,

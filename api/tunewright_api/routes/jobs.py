@@ -13,7 +13,7 @@ from tunewright_api.models import JobPublic, ListEnvelope
 from tunewright_api.routes.links import links_from
 from tunewright_api.services import artifacts, diagnosis, jobs
 from tunewright_api.states import JobStatus
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_core.spec import FineTuneJobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

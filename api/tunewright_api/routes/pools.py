@@ -16,9 +16,9 @@ from tunewright_api.models import GpuPool, ListEnvelope
 from tunewright_api.routes.links import links_from
 from tunewright_api.services import jobs
 from tunewright_api.services.plans import plan_on, pool_of, profile_for
-from tunewright_operator.planner.hardware import GPUS, LINKS
-from tunewright_operator.planner.jobs import dataset_tokens_of
-from tunewright_operator.spec import CamelModel, FineTuneJobSpec, JobPlan
+from tunewright_core.planner.hardware import GPUS, LINKS
+from tunewright_core.planner.jobs import dataset_tokens_of
+from tunewright_core.spec import CamelModel, FineTuneJobSpec, JobPlan
 
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
 

@@ -8,7 +8,7 @@ from tunewright_api.diagnosis import Diagnosis, Observed, diagnose
 from tunewright_api.models import Job, JobEvent, MetricPoint, Tenant, now
 from tunewright_api.services.jobs import owned_job, sampled_points
 from tunewright_api.telemetry import aware
-from tunewright_operator.spec import JobPlan
+from tunewright_core.spec import JobPlan
 
 RECENT_POINTS = 50  # the steps a diagnosis reads: recent enough to be the job as it runs now
 SERIES_POINTS = 500

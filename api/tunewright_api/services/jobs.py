@@ -28,8 +28,8 @@ from tunewright_api.services.artifacts import export_folders
 from tunewright_api.services.files import owned_file
 from tunewright_api.services.plans import check_model_source, profile_for
 from tunewright_api.states import TERMINAL
-from tunewright_operator.planner.jobs import sized_for_data
-from tunewright_operator.spec import FineTuneJobSpec
+from tunewright_core.planner.jobs import sized_for_data
+from tunewright_core.spec import FineTuneJobSpec
 
 FILE_ID = re.compile(r"^file-[0-9a-f]{24}$")
 
@@ -72,12 +72,13 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
         raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
                        "dataset.format", "invalid_value")
     spec, sizing = fit_to_data(spec, train, sizes_param=sizes_param)
-    plan = backend.plan(spec, train)
+    planned = backend.plan(spec, train)
+    plan = planned.plan
     telemetry_token = new_token()
     job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
               plan=plan.model_dump(by_alias=True, mode="json"), telemetry_token_hash=hash_token(telemetry_token),
               suffix=suffix, job_metadata=metadata)
-    backend.submit(session, job, spec, train, validation, telemetry_token)
+    backend.submit(session, job, spec, planned, train, validation, telemetry_token)
     session.add(job)
     add_event(session, job, f"queued; plan: {plan.explanation}" + (f"; {sizing}" if sizing else ""))
     session.commit()

@@ -12,12 +12,12 @@ from sqlmodel import Session, select
 from tunewright_api.errors import ApiError
 from tunewright_api.models import GpuPool, Job
 from tunewright_api.names import name_problem
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.hardware import Pool
-from tunewright_operator.planner.jobs import plan_job, workload
-from tunewright_operator.planner.models import ModelProfile, from_hf_config, lookup
-from tunewright_operator.planner.search import NoPlan
-from tunewright_operator.pools import (
+from tunewright_core.planner import calibration
+from tunewright_core.planner.hardware import Pool
+from tunewright_core.planner.jobs import plan_job, workload
+from tunewright_core.planner.models import ModelProfile, from_hf_config, lookup
+from tunewright_core.planner.search import NoPlan
+from tunewright_core.pools import (
     catalog_compute_seconds,
     gpu_as_planned,
     learns_efficiency,
@@ -25,7 +25,7 @@ from tunewright_operator.pools import (
     learnt_links,
     links_as_planned,
 )
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_core.spec import FineTuneJobSpec, JobPlan
 
 # what a hub id looks like (name, or org/name: no `..`, one slash): anything else is a path, checked as one,
 # since the run would read it relative to its own folder

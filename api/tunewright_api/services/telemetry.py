@@ -35,7 +35,7 @@ from tunewright_api.telemetry import (
     TelemetryRecord,
     parse_records,
 )
-from tunewright_operator.manifests import volume_uri
+from tunewright_core.storage import volume_uri
 
 # What one job may keep, however long it runs (a million-step run must not grow the database without end).
 MAX_METRIC_POINTS = 10_000  # past it the older half is thinned: every other point there is dropped

@@ -1,4 +1,5 @@
-"""The operator's calls to the Kubernetes API (the `Cluster` the reconciler is written against).
+"""The calls the operator and the API's kubernetes backend make to the Kubernetes API: `Cluster`, the few
+they need (the reconciler is written against it; tests use an in-memory one), and `KubernetesCluster`.
 
 Credentials: in-cluster (the operator's ServiceAccount), else the kubeconfig named by KUBECONFIG (or
 ~/.kube/config), read when the operator starts, never at import. A 409 on create is `AlreadyExists`;
@@ -10,8 +11,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import UTC, datetime
-
-from tunewright_operator.reconcile import AlreadyExists
+from typing import Protocol
 
 # kind → (group, version, plural, namespaced); core kinds have group ""
 KINDS = {
@@ -27,6 +27,28 @@ KINDS = {
     "Namespace": ("", "v1", "namespaces", False),
 }
 GONE = (404, 410)
+
+
+class Cluster(Protocol):
+    def get(self, kind: str, namespace: str | None, name: str) -> dict | None: ...
+
+    def list(self, kind: str, namespace: str | None = None, label_selector: str | None = None) -> list[dict]: ...
+
+    def create(self, obj: dict) -> dict:
+        """Raises `AlreadyExists` when an object of that name exists."""
+
+    def patch(self, kind: str, namespace: str | None, name: str, patch: dict) -> None: ...
+
+    def patch_status(self, kind: str, namespace: str | None, name: str, status: dict) -> None: ...
+
+    def delete(self, kind: str, namespace: str | None, name: str) -> bool:
+        """Whether it was there: gone already is fine."""
+
+    def event(self, regarding: dict, type_: str, reason: str, message: str) -> None: ...
+
+
+class AlreadyExists(Exception):
+    pass
 
 
 def load_credentials() -> None:

@@ -5,8 +5,8 @@ Measurements come from `benchmarks/gpu_runs.py` (JSON). Every constant is linear
 fit is a weighted least-squares solve (weights 1/measured: relative error). Under-predicting memory is
 the costly error (a plan that does not fit is an OOM): tests/operator holds it to 3% on every measured run.
 
-  python -m tunewright_operator.planner.calibration_fit fit results/*.json --out calibration_h200.json
-  python -m tunewright_operator.planner.calibration_fit report results/*.json [--calibration FILE]
+  python -m tunewright_fit.calibration_fit fit results/*.json --out calibration_h200.json
+  python -m tunewright_fit.calibration_fit report results/*.json [--calibration FILE]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tunewright_operator.planner.calibration import DEFAULT_FILE, load, save
-from tunewright_operator.planner.estimate import (
+from tunewright_core.planner.calibration import DEFAULT_FILE, load, save
+from tunewright_core.planner.estimate import (
     BF16,
     Calibration,
     Layout,
@@ -36,8 +36,8 @@ from tunewright_operator.planner.estimate import (
     matmul_flops,
     recompute_factor,
 )
-from tunewright_operator.planner.hardware import GIB, GPU, GPUS, LINKS, Pool
-from tunewright_operator.planner.models import CATALOG, ModelProfile
+from tunewright_core.planner.hardware import GIB, GPU, GPUS, LINKS, Pool
+from tunewright_core.planner.models import CATALOG, ModelProfile
 
 # The benchmark's models (benchmarks/gpu_runs.py builds them from these), by the names its results use:
 # catalog shapes, GPT-2 small with 2048 learned positions.

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from tunewright_operator.planner.hardware import GPUS, LINK_WINDOWS_KEPT, LINKS
+from tunewright_core.planner.hardware import GPUS, LINK_WINDOWS_KEPT, LINKS
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]

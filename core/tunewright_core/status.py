@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from tunewright_operator.spec import Condition, Phase
+from tunewright_core.spec import Condition, Phase
 
 # Ray job states that end it (KubeRay's IsJobTerminal)
 TERMINAL_JOB_STATUSES = {"STOPPED", "SUCCEEDED", "FAILED"}

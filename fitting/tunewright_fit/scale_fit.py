@@ -12,8 +12,8 @@ The fit set is one source (MosaicML's llm-foundry tables, 8-128 GPUs); every oth
 IBM's fms-fsdp and PyTorch blogs, KempnerForge) is held out and only checked. Their errors (measured over
 predicted) give the planner's uncertainty band (`band.py`).
 
-  python -m tunewright_operator.planner.scale_fit fit      # writes planner/scale.json, prints the check
-  python -m tunewright_operator.planner.scale_fit report   # the check with the committed constants
+  python -m tunewright_fit.scale_fit fit      # writes planner/scale.json, prints the check
+  python -m tunewright_fit.scale_fit report   # the check with the committed constants
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tunewright_operator.planner.calibration import load
-from tunewright_operator.planner.estimate import Calibration, Layout, Workload, estimate
-from tunewright_operator.planner.hardware import GPU, GPUS, LINKS, Link, Pool
-from tunewright_operator.planner.models import ModelProfile
+from tunewright_core.planner.calibration import SCALE_FILE, load
+from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
+from tunewright_core.planner.hardware import GPU, GPUS, LINKS, Link, Pool
+from tunewright_core.planner.models import ModelProfile
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "benchmarks" / "published" / "multi_gpu_runs.json"
-SCALE_FILE = Path(__file__).with_name("scale.json")
 FIT_FRAMEWORK = "llm-foundry"
 # the chips whose efficiency the fit learns; a published GPU name maps to one
 GPU_FAMILIES = {"H100": "H100", "H100-96GB-HBM2e-500W": "H100", "A100-80GB": "A100", "A100-40GB": "A100",
@@ -273,7 +272,7 @@ def _quantile(values: list[float], q: float) -> float:
 def one_gpu_ratios() -> dict:
     """Measured over predicted tokens/s (predicted over measured step time) on the committed one-GPU H200
     runs held out of their fit: the band of a plan on one measured GPU."""
-    from tunewright_operator.planner import calibration_fit
+    from tunewright_core.planner import calibration_fit
 
     results = ROOT / "benchmarks" / "results"
     cal, h200 = load()

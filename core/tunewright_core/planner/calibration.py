@@ -3,20 +3,19 @@
 What the API and the operator import per plan: no numpy in its imports. The constants are fitted to
 measured runs offline by `calibration_fit.py`, which writes them here with `save`.
 
-  python -m tunewright_operator.planner.calibration_fit fit results/*.json --out calibration_h200.json
+  PYTHONPATH=fitting python -m tunewright_fit.calibration_fit fit benchmarks/results/gpu_*_h200.json
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
 
-from tunewright_operator.planner.band import Evidence
-from tunewright_operator.planner.estimate import Calibration
-from tunewright_operator.planner.hardware import GPU, GPUS
+from tunewright_core.planner.band import Evidence
+from tunewright_core.planner.estimate import Calibration
+from tunewright_core.planner.hardware import GPU, GPUS
 
 DEFAULT_FILE = Path(__file__).with_name("calibration_h200.json")
 
@@ -70,8 +69,3 @@ def evidence() -> Evidence:
                     largest_gpu_count=data["largest_gpu_count"], longest_sequence=data["longest_sequence"],
                     network_range=tuple(data["network_bus_bytes_per_s"]))
 
-
-if __name__ == "__main__":  # the command that README and benchmarks/results name: the fit's own CLI
-    from tunewright_operator.planner.calibration_fit import main
-
-    sys.exit(main())

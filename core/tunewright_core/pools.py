@@ -11,9 +11,10 @@ from dataclasses import replace
 
 from pydantic import ValidationError
 
-from tunewright_operator.planner import calibration
-from tunewright_operator.planner.estimate import Calibration, Layout, Workload, estimate
-from tunewright_operator.planner.hardware import (
+from tunewright_core.k8s import Cluster
+from tunewright_core.planner import calibration
+from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
+from tunewright_core.planner.hardware import (
     GPU,
     GPUS,
     LINKS,
@@ -27,7 +28,14 @@ from tunewright_operator.planner.hardware import (
     measured_bus_bytes_per_s,
     measured_efficiency_factor,
 )
-from tunewright_operator.spec import GPUPoolSpec, GPUPoolStatus, JobPlan, MeasuredEfficiency, MeasuredLinks
+from tunewright_core.spec import (
+    FineTuneJobSpec,
+    GPUPoolSpec,
+    GPUPoolStatus,
+    JobPlan,
+    MeasuredEfficiency,
+    MeasuredLinks,
+)
 
 PRODUCT_LABEL, MEMORY_LABEL, GPU_RESOURCE = "nvidia.com/gpu.product", "nvidia.com/gpu.memory", "nvidia.com/gpu"
 MEMORY_TOLERANCE = 0.1  # the catalog's usable memory is the datasheet's less what the driver keeps
@@ -173,3 +181,23 @@ def learnt_efficiency(plan: JobPlan, pool_name: str, gpu: str, measured: dict | 
     return (fold_efficiency(measured, gpu, factor, job_id, at),
             f"pool {pool_name}: its {gpu}s computed at {factor:.3g}x the catalog's efficiency in this window; its "
             f"next plans use the mean of its last windows")
+
+
+def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = None
+                 ) -> tuple[str | None, GPUPoolSpec | None, MeasuredLinks | None, str]:
+    """The pool named by the spec (or the plan), else the one marked default, with the links its jobs
+    measured; why not when there is none."""
+    wanted = name or spec.resources.pool
+    if wanted:
+        found = cluster.get("GPUPool", None, wanted)
+        if found is None:
+            return wanted, None, None, f"no GPUPool {wanted}: create it, or set resources.pool to an existing one"
+        return wanted, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found), ""
+    defaults = [p for p in cluster.list("GPUPool") if p["spec"].get("default")]
+    if len(defaults) != 1:
+        names = ", ".join(sorted(p["metadata"]["name"] for p in defaults))
+        why = (f"several GPUPools are marked default ({names}): set resources.pool" if defaults else
+               "no GPUPool is marked default: set resources.pool, or create a pool with default: true")
+        return None, None, None, why
+    pool = defaults[0]
+    return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), measured_links_of(pool), ""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tunewright_operator.planner.hardware import Link
+from tunewright_core.planner.hardware import Link
 
 MEASURED_ONE_GPU = "H200"
 # the catalog GPUs whose efficiency runs measured (ours on the H200, published ones on the others); the rest

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 
-from tunewright_operator.planner.calibration import evidence as committed_evidence
-from tunewright_operator.planner.estimate import Calibration, Workload
-from tunewright_operator.planner.hardware import Pool
-from tunewright_operator.planner.models import ModelProfile
-from tunewright_operator.planner.search import plan
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_core.planner.calibration import evidence as committed_evidence
+from tunewright_core.planner.estimate import Calibration, Workload
+from tunewright_core.planner.hardware import Pool
+from tunewright_core.planner.models import ModelProfile
+from tunewright_core.planner.search import plan
+from tunewright_core.spec import FineTuneJobSpec, JobPlan
 
 JSONL_BYTES_PER_TOKEN = 4
 

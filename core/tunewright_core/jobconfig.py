@@ -6,7 +6,7 @@ parses what this emits with the runtime's loader.
 
 from __future__ import annotations
 
-from tunewright_operator.spec import FineTuneJobSpec, JobPlan
+from tunewright_core.spec import FineTuneJobSpec, JobPlan
 
 
 def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_dir: str, train: str,

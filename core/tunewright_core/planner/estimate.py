@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunewright_operator.planner.comm import Group, UnitBytes, UnitCompute, step_comm
-from tunewright_operator.planner.hardware import GPU, Link, Pool
-from tunewright_operator.planner.models import ModelProfile
+from tunewright_core.planner.comm import Group, UnitBytes, UnitCompute, step_comm
+from tunewright_core.planner.hardware import GPU, Link, Pool
+from tunewright_core.planner.models import ModelProfile
 
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
 BF16, FP32 = 2, 4

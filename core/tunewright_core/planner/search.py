@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tunewright_operator.planner.band import Evidence, band
-from tunewright_operator.planner.estimate import (
+from tunewright_core.planner.band import Evidence, band
+from tunewright_core.planner.estimate import (
     TRANSIENT_TERMS,
     Calibration,
     Estimate,
@@ -21,8 +21,8 @@ from tunewright_operator.planner.estimate import (
     Workload,
     estimate,
 )
-from tunewright_operator.planner.hardware import GIB, Pool
-from tunewright_operator.spec import STRATEGIES, JobPlan, Predicted, PredictionBand, RejectedOption
+from tunewright_core.planner.hardware import GIB, Pool
+from tunewright_core.spec import STRATEGIES, JobPlan, Predicted, PredictionBand, RejectedOption
 
 USABLE_MEMORY = 0.9  # allocator fragmentation, CUDA context, NCCL buffers: measured reserved ran up to +15%
 # The allocator's peak varies from run to run: Llama-1B full at micro-batch 8 on one H200 read 68.6 GiB in one

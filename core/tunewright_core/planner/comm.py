@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tunewright_operator.planner.hardware import Link, Pool
+from tunewright_core.planner.hardware import Link, Pool
 
 BF16, FP32 = 2, 4
 

@@ -1,0 +1,53 @@
+"""One plan per job. The API plans a job when it is submitted and writes that plan onto its FineTuneJob
+(`plan_annotation`); the operator adopts it (`adopted_plan`) while the spec and the GPUPool it was made for
+are unchanged, and plans itself only for a job made with kubectl, or after a change to either.
+
+The annotation is a claim, checked before it is used: the fingerprint must match the spec and pool as the
+operator reads them, and the plan must be a valid `JobPlan` on that pool, within its size. A user who can
+write the annotation could as well have asked for those GPUs in the spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import ValidationError
+
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+
+MAX_PLAN_CHARACTERS = 65536  # a plan with its rejected options is a few kB; annotations total 256 kB
+
+
+def spec_hash(spec: FineTuneJobSpec) -> str:
+    """What a run is made from: everything in the spec but `suspend` (which may change while it runs)."""
+    return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude={"suspend"}).encode()).hexdigest()
+
+
+def fingerprint(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> str:
+    """The spec and the pool a plan was made for (not what the pool has learned since: that refines the
+    next job's plan, it does not invalidate this one)."""
+    made_of = json.dumps([spec_hash(spec), pool_name, pool.model_dump(by_alias=True, mode="json")], sort_keys=True)
+    return hashlib.sha256(made_of.encode()).hexdigest()
+
+
+def plan_annotation(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, plan: JobPlan) -> str:
+    return json.dumps({"for": fingerprint(spec, pool_name, pool),
+                       "plan": plan.model_dump(by_alias=True, mode="json", exclude_none=True)}, sort_keys=True)
+
+
+def adopted_plan(annotation: str | None, spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> JobPlan | None:
+    """The plan the annotation holds, when it was made for this spec on this pool and fits the pool; None
+    (plan again) otherwise."""
+    if not annotation or len(annotation) > MAX_PLAN_CHARACTERS:
+        return None
+    try:
+        written = json.loads(annotation)
+        if not isinstance(written, dict) or written.get("for") != fingerprint(spec, pool_name, pool):
+            return None
+        plan = JobPlan.model_validate(written.get("plan"))
+    except (ValueError, ValidationError):
+        return None
+    fits = (plan.pool == pool_name and plan.device == "gpu" and plan.nodes <= pool.max_nodes
+            and plan.gpus <= plan.nodes * pool.gpus_per_node)
+    return plan if fits else None

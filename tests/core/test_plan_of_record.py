@@ -1,0 +1,52 @@
+"""The plan of record: adopted only for the spec and pool it was made for, and only as a valid plan that
+fits the pool (plan_of_record.py)."""
+
+import json
+
+import pytest
+
+from tunewright_core.plan_of_record import MAX_PLAN_CHARACTERS, adopted_plan, fingerprint, plan_annotation
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+
+SPEC = FineTuneJobSpec.model_validate({
+    "model": {"source": "hf://meta-llama/Llama-3.1-8B"}, "method": {"type": "lora"},
+    "dataset": {"train": "pvc://datasets/train.jsonl"}, "hyperparameters": {"maxSteps": 10, "globalBatchSize": 16},
+    "checkpoint": {"storage": "pvc://checkpoints/x"}})
+POOL = GPUPoolSpec.model_validate({"gpu": "H100", "gpusPerNode": 8, "maxNodes": 2, "intraNode": "nvlink4",
+                                   "interNode": "ib-8x400g", "pricePerGPUHour": 2.5, "workerImage": "w:1"})
+PLAN = JobPlan(pool="h100", strategy="fsdp", workers=16, gpus=16, nodes=2, micro_batch=1, grad_accum=1,
+               explanation="fsdp over two nodes")
+
+
+def edited(model, **fields):
+    return model.model_copy(update=fields)
+
+
+def with_plan(**fields) -> str:
+    written = json.loads(plan_annotation(SPEC, "h100", POOL, PLAN))
+    written["plan"].update(fields)
+    return json.dumps(written)
+
+
+@pytest.mark.parametrize(("annotation", "spec", "pool_name", "pool", "adopted"), [
+    (plan_annotation(SPEC, "h100", POOL, PLAN), SPEC, "h100", POOL, True),
+    # suspend is not part of what a run is made from: a job suspended and resumed keeps its plan
+    (plan_annotation(SPEC, "h100", POOL, PLAN), edited(SPEC, suspend=True), "h100", POOL, True),
+    (plan_annotation(SPEC, "h100", POOL, PLAN),
+     edited(SPEC, hyperparameters=edited(SPEC.hyperparameters, max_steps=11)), "h100", POOL, False),
+    (plan_annotation(SPEC, "h100", POOL, PLAN), SPEC, "h100", edited(POOL, price_per_gpu_hour=3.0), False),
+    (plan_annotation(SPEC, "h100", POOL, PLAN), SPEC, "other", POOL, False),
+    (None, SPEC, "h100", POOL, False),
+    ("", SPEC, "h100", POOL, False),
+    ("not json", SPEC, "h100", POOL, False),
+    ("[1, 2]", SPEC, "h100", POOL, False),
+    (json.dumps({"for": fingerprint(SPEC, "h100", POOL), "plan": {"pool": "h100"}}), SPEC, "h100", POOL, False),
+    (with_plan(gpus=24, workers=24, nodes=3), SPEC, "h100", POOL, False),  # more nodes than the pool has
+    (with_plan(gpus=32), SPEC, "h100", POOL, False),  # more GPUs than its nodes hold
+    (with_plan(pool="elsewhere"), SPEC, "h100", POOL, False),
+    (with_plan(device="cpu", gpus=0), SPEC, "h100", POOL, False),
+    (with_plan(explanation="x" * MAX_PLAN_CHARACTERS), SPEC, "h100", POOL, False),
+])
+def test_adopted_only_as_made(annotation, spec, pool_name, pool, adopted):
+    found = adopted_plan(annotation, spec, pool_name, pool)
+    assert (found == PLAN) if adopted else found is None
