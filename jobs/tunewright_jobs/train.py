@@ -1,18 +1,19 @@
-"""The training loop, top to bottom: config → data, model, optimizer → train_step → loop.
+"""The training loop, top to bottom: config → data, model, optimizer → train_step → `Trainer.run`.
 
-The same function runs in one process, under torchrun and inside a Ray Train worker; what differs
+The same `train` runs in one process, under torchrun and inside a Ray Train worker; what differs
 (process group, device, where checkpoints go) arrives in `Runtime`.
 """
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import json
 import logging
 import math
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,8 @@ import torch
 
 from tunewright_jobs import checkpoint as ckpt
 from tunewright_jobs.checkpoint import CheckpointStore
-from tunewright_jobs.commshare import CommProfiler
+from tunewright_jobs.components import SLOW_RANK_ENV as SLOW_RANK_ENV  # where tests and benchmarks import it
+from tunewright_jobs.components import step_components
 from tunewright_jobs.config import JobConfig, total_steps, warmup_steps
 from tunewright_jobs.data import (
     IGNORE_INDEX,
@@ -222,148 +224,216 @@ def answer_pairs(cfg: JobConfig, tokenizer, records: list[dict]) -> tuple[list[s
     return [p for p, _ in pairs], [a for _, a in pairs]
 
 
-def train(cfg: JobConfig, runtime: Runtime) -> dict:
-    dist = runtime.dist
-    hp = cfg.hyperparameters
+@dataclass(frozen=True)
+class Every:
+    """Due after every `interval`-th of a run's `steps` steps (None: never). After the last step only `last`
+    ones are: the run's end evaluates and saves for itself."""
+    interval: int | None
+    steps: int
+    last: bool = False
 
-    tokenizer = load_tokenizer(cfg)
-    data = prepare_data(cfg, tokenizer)
-    batches, steps, val_rows, val_records = data.batches, data.steps, data.val_rows, data.val_records
-    plan = cfg.batch_plan()
+    def due(self, done: int) -> bool:
+        if done == self.steps:
+            return self.last
+        return bool(self.interval) and done % self.interval == 0
 
-    # Same seed on every rank while new weights (LoRA adapters) are drawn: FSDP keeps each rank's own
-    # shard of them, so they must agree. Afterwards each rank gets its own stream, for dropout.
-    seed_everything(hp.seed)
-    model = load_model(cfg)
-    total_params, trainable_params = parameter_counts(model)
-    # Exact match scores answers cut where the exported model's generation stops.
-    stop_ids = stop_token_ids(tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)
-    kernels = prepare_kernels(cfg, model, dist.device)
-    blocks = transformer_blocks(model)  # found by class name, which sharding changes
-    model, masters = wrap_model(cfg, model, dist)
-    if kernels.compile_blocks:
-        compile_blocks(blocks)
-    seed_everything(hp.seed + 1 + dist.rank)
-    model.train()
-    optimizer = build_optimizer(cfg, masters.trainable)
-    scheduler = build_scheduler(cfg, optimizer, steps)
 
-    start_step = 0
-    with runtime.checkpoints.latest() as path:
-        if path is not None:
-            with masters.masters_installed():
-                state = ckpt.read_checkpoint(path, model, optimizer, scheduler, dist)
-            masters.refresh()
-            start_step = state["step"]
-            log.info("resumed from %s at step %d", path, start_step)
+class LogWindow:
+    """The steps since the last `step` record: their stats, their phases' and data's times, and the wall time
+    they took, less the evaluations and checkpoints within it (`paused`): they are no step's."""
 
-    sink = open_sink(cfg, dist, start_step)
-    if start_step == 0:
-        sink.emit(StartRecord(step=0, total_steps=steps, steps_per_epoch=batches.steps_per_epoch,
-                              strategy=cfg.strategy.type, workers=dist.world_size, device=dist.device.type,
-                              micro_batch_size=plan.micro_batch_size, grad_accum=plan.grad_accum,
-                              global_batch_size=plan.global_batch_size, seq_len=hp.seq_len,
-                              parameters=total_params, trainable_parameters=trainable_params,
-                              train_examples=data.train_examples, truncated_examples=data.truncated))
+    def __init__(self, dist: Dist, gpu_activity: bool):
+        self.dist = dist
+        self.timer = PhaseTimer(dist.device)
+        self.gpu_activity = GpuActivitySampler(dist.device, enabled=gpu_activity)
+        self.restart()
 
-    def evaluate(step: int, with_exact_match: bool) -> EvalMetrics:
+    def restart(self) -> None:
+        self.steps: list[StepStats] = []
+        self.epoch = 0  # of the latest step
+        self.started, self.data_seconds, self.paused = time.perf_counter(), 0.0, 0.0
+
+    def add(self, stats: StepStats, epoch: int, data_seconds: float) -> None:
+        self.steps.append(stats)
+        self.epoch = epoch
+        self.data_seconds += data_seconds
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.paused += time.perf_counter() - started
+
+    def record(self, step: int) -> StepRecord:
+        """Collective: every rank reads its own GPU and adds its loss."""
+        return summarize_window(step, self.epoch, self.steps, self.timer.collect(), self.data_seconds,
+                                time.perf_counter() - self.started - self.paused, self.dist, self.gpu_activity)
+
+    def close(self) -> None:
+        self.gpu_activity.close()
+
+
+class Trainer:
+    """One run of a job. Everything is built once, at the step the run resumes from (the metrics file and the
+    profiler's first window depend on it); `run` is the loop. What a run does only when asked for around its
+    steps is in `components`."""
+
+    def __init__(self, cfg: JobConfig, runtime: Runtime):
+        self.cfg, self.dist, self.checkpoints = cfg, runtime.dist, runtime.checkpoints
+        self.tokenizer = load_tokenizer(cfg)
+        self.data = prepare_data(cfg, self.tokenizer)
+        self.steps = self.data.steps
+        self.build_model()
+        self.optimizer = build_optimizer(cfg, self.masters.trainable)
+        self.scheduler = build_scheduler(cfg, self.optimizer, self.steps)
+        self.start_step = self.resume()
+        self.sink = open_sink(cfg, self.dist, self.start_step)
+        self.components = step_components(cfg, self.dist, self.steps, self.start_step, self.sink)
+        self.validating = self.data.val_rows is not None
+        self.log_every = Every(cfg.metrics.log_every_steps, self.steps, last=True)
+        self.evaluate_every = Every(cfg.eval.every_steps if self.validating else None, self.steps)
+        self.save_every = Every(cfg.checkpoint.every_steps, self.steps)
+        self.train_loss: float | None = None  # of the last logged window
+
+    def build_model(self) -> None:
+        """The model wrapped for the strategy, its master weights and kernels, and what the `start` record and
+        exact match read off the model before it is wrapped."""
+        cfg, dist = self.cfg, self.dist
+        # Same seed on every rank while new weights (LoRA adapters) are drawn: FSDP keeps each rank's own
+        # shard of them, so they must agree. Afterwards each rank gets its own stream, for dropout.
+        seed_everything(cfg.hyperparameters.seed)
+        model = load_model(cfg)
+        self.total_params, self.trainable_params = parameter_counts(model)
+        # Exact match scores answers cut where the exported model's generation stops.
+        self.stop_ids = stop_token_ids(self.tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)
+        self.kernels = prepare_kernels(cfg, model, dist.device)
+        blocks = transformer_blocks(model)  # found by class name, which sharding changes
+        self.model, self.masters = wrap_model(cfg, model, dist)
+        if self.kernels.compile_blocks:
+            compile_blocks(blocks)
+        seed_everything(cfg.hyperparameters.seed + 1 + dist.rank)
+        self.model.train()
+
+    def resume(self) -> int:
+        """The step the run starts at: the latest checkpoint's (model, optimizer and schedule restored), or 0."""
+        with self.checkpoints.latest() as path:
+            if path is None:
+                return 0
+            with self.masters.masters_installed():
+                state = ckpt.read_checkpoint(path, self.model, self.optimizer, self.scheduler, self.dist)
+            self.masters.refresh()
+            log.info("resumed from %s at step %d", path, state["step"])
+            return state["step"]
+
+    def run(self) -> dict:
+        """From the resumed step to the last: each step, then its record, evaluation and checkpoint if due."""
+        eval_before = self.start()
+        # opened after `start`, whose evaluation is no step's time
+        self.window = LogWindow(self.dist, self.cfg.metrics.gpu_activity)
+        try:
+            for step in range(self.start_step, self.steps):
+                self.step(step)
+                done = step + 1
+                if self.log_every.due(done):
+                    self.log(done)
+                if self.evaluate_every.due(done):
+                    with self.window.pause():
+                        self.evaluate(done, with_exact_match=False)
+                if self.save_every.due(done):
+                    with self.window.pause():
+                        self.save(done)
+        finally:
+            self.components.close()
+        return self.finish(eval_before)
+
+    def start(self) -> EvalMetrics | None:
+        """A new run's `start` record, and its evaluation before training (a resumed run had both)."""
+        if self.start_step > 0:
+            return None
+        cfg, data, plan = self.cfg, self.data, self.cfg.batch_plan()
+        self.sink.emit(StartRecord(step=0, total_steps=self.steps, steps_per_epoch=data.batches.steps_per_epoch,
+                                   strategy=cfg.strategy.type, workers=self.dist.world_size,
+                                   device=self.dist.device.type, micro_batch_size=plan.micro_batch_size,
+                                   grad_accum=plan.grad_accum, global_batch_size=plan.global_batch_size,
+                                   seq_len=cfg.hyperparameters.seq_len, parameters=self.total_params,
+                                   trainable_parameters=self.trainable_params,
+                                   train_examples=data.train_examples, truncated_examples=data.truncated))
+        return self.evaluate(0, cfg.eval.exact_match) if self.validating else None
+
+    def step(self, step: int) -> None:
+        """Optimizer step `step` (from 0), between the components' points around it; it joins the log window."""
+        started = time.perf_counter()
+        epoch, batch = self.data.batches.step_rows(step)
+        data_seconds = time.perf_counter() - started
+        self.components.before_step(step)
+        stats = train_step(self.cfg, self.model, self.masters, self.optimizer, self.scheduler, batch, self.dist,
+                           self.kernels, self.window.timer)
+        self.window.add(stats, epoch, data_seconds)
+        self.components.after_step(step)
+
+    def log(self, done: int) -> None:
+        """The `step` record of the steps up to `done`; the next window starts after it is written."""
+        record = self.window.record(done)
+        self.sink.emit(record)
+        self.train_loss = record.loss
+        self.window.restart()
+
+    def evaluate(self, step: int, with_exact_match: bool) -> EvalMetrics:
+        """Validation loss and accuracy (and exact match of generated answers), as an `eval` record."""
+        cfg, model, tokenizer = self.cfg, self.model, self.tokenizer
         with for_evaluation(model):
-            scores = validation_metrics(model, val_rows, dist, cfg.strategy.micro_batch_size,
+            scores = validation_metrics(model, self.data.val_rows, self.dist, cfg.strategy.micro_batch_size,
                                         tokenizer.pad_token_id, cfg.eval.max_batches)
             if with_exact_match:
-                prompts, refs = answer_pairs(cfg, tokenizer, val_records)
-                scores |= exact_match(model, tokenizer, prompts, refs, dist, cfg.eval.max_new_tokens, stop_ids)
-        sink.emit(EvalRecord(step=step, **scores))
+                prompts, refs = answer_pairs(cfg, tokenizer, self.data.val_records)
+                scores |= exact_match(model, tokenizer, prompts, refs, self.dist, cfg.eval.max_new_tokens,
+                                      self.stop_ids)
+        self.sink.emit(EvalRecord(step=step, **scores))
         return EvalMetrics(**scores)
 
-    train_loss: float | None = None  # of the last logged window
-
-    def save(step: int) -> None:
-        trainer_state = {"step": step, "epoch": step // batches.steps_per_epoch,
-                         "step_in_epoch": step % batches.steps_per_epoch, "total_steps": steps,
-                         "world_size": dist.world_size, "config_name": cfg.name}
+    def save(self, step: int) -> None:
+        """The checkpoint of step `step`, and its record."""
         started = time.perf_counter()
-        with masters.masters_installed():
-            runtime.checkpoints.save(step, {"step": step, "loss": train_loss}, lambda p: ckpt.write_checkpoint(
-                p, model, optimizer, scheduler, trainer_state, dist))
-        sink.emit(CheckpointRecord(step=step, uri=runtime.checkpoints.location(step), train_loss=train_loss,
-                                   keep_last=cfg.checkpoint.keep_last, seconds=time.perf_counter() - started))
+        with self.masters.masters_installed():
+            self.checkpoints.save(step, {"step": step, "loss": self.train_loss},
+                                  lambda path: self.write_checkpoint(path, step))
+        self.sink.emit(CheckpointRecord(step=step, uri=self.checkpoints.location(step), train_loss=self.train_loss,
+                                        keep_last=self.cfg.checkpoint.keep_last,
+                                        seconds=time.perf_counter() - started))
 
-    eval_before = evaluate(0, cfg.eval.exact_match) if val_rows is not None and start_step == 0 else None
+    def write_checkpoint(self, path: Path, step: int) -> None:
+        """This rank's part of the checkpoint: model, optimizer, schedule, and where the data stands."""
+        per_epoch = self.data.batches.steps_per_epoch
+        trainer_state = {"step": step, "epoch": step // per_epoch, "step_in_epoch": step % per_epoch,
+                         "total_steps": self.steps, "world_size": self.dist.world_size, "config_name": self.cfg.name}
+        ckpt.write_checkpoint(path, self.model, self.optimizer, self.scheduler, trainer_state, self.dist)
 
-    timer = PhaseTimer(dist.device)
-    profiler = CommProfiler(cfg.metrics.profile, dist, steps, start_step)
-    gpu_activity = GpuActivitySampler(dist.device, enabled=cfg.metrics.gpu_activity)
-    delay = injected_delay(dist.rank)
-    window: list[StepStats] = []
-    # a window's wall time leaves out the evaluations and checkpoints within it (`paused`): they are no step's
-    window_start, data_seconds, paused = time.perf_counter(), 0.0, 0.0
-    try:
-        for step in range(start_step, steps):
-            t0 = time.perf_counter()
-            epoch, batch = batches.step_rows(step)
-            data_seconds += time.perf_counter() - t0
-            profiler.begin(step)
-            if delay:
-                time.sleep(delay)
-            window.append(train_step(cfg, model, masters, optimizer, scheduler, batch, dist, kernels, timer))
-            done = step + 1
-            if step == start_step:
-                # The model, the compiled blocks and everything imported are built now: out of the collector's
-                # reach, so that its full collections stop walking millions of long-lived objects (single
-                # ~0.5 s steps of profiler-free GPT-2 runs may be those; benchmarks/profiler_overhead.py).
-                gc.collect()
-                gc.freeze()
-            if (comm := profiler.end(step)) is not None:
-                sink.emit(comm)
+    def finish(self, eval_before: EvalMetrics | None) -> dict:
+        """After the last step: the final evaluation, checkpoint and export; the `end` record, result.json."""
+        self.window.close()
+        eval_after = self.evaluate(self.steps, self.cfg.eval.exact_match) if self.validating else None
+        exported = self.save_and_export() if self.cfg.checkpoint.final else ExportPaths()
+        end = EndRecord(step=self.steps, steps=self.steps, final_loss=self.train_loss, eval_before=eval_before,
+                        eval_after=eval_after, export=exported, strategy=self.cfg.strategy.type,
+                        workers=self.dist.world_size, resumed_from_step=self.start_step)
+        self.sink.emit(end)
+        self.sink.close()
+        result = end.model_dump(mode="json")
+        if self.dist.is_main:
+            (Path(self.cfg.output_dir) / "result.json").write_text(json.dumps(result, indent=2))
+        return result
 
-            if done % cfg.metrics.log_every_steps == 0 or done == steps:
-                record = summarize_window(done, epoch, window, timer.collect(), data_seconds,
-                                          time.perf_counter() - window_start - paused, dist, gpu_activity)
-                sink.emit(record)
-                train_loss = record.loss
-                window, window_start, data_seconds, paused = [], time.perf_counter(), 0.0, 0.0
-            evaluating = (val_rows is not None and cfg.eval.every_steps and done % cfg.eval.every_steps == 0
-                          and done < steps)
-            saving = cfg.checkpoint.every_steps and done % cfg.checkpoint.every_steps == 0 and done < steps
-            if evaluating or saving:
-                started = time.perf_counter()
-                if evaluating:
-                    evaluate(done, with_exact_match=False)
-                if saving:
-                    save(done)
-                paused += time.perf_counter() - started
-    finally:
-        gc.unfreeze()  # a run that raises leaves nothing frozen (in-process callers: tests, Ray workers)
-    gpu_activity.close()
-    eval_after = evaluate(steps, cfg.eval.exact_match) if val_rows is not None else None
-    exported = ExportPaths()
-    if cfg.checkpoint.final:
-        if start_step < steps:  # resumed from the final checkpoint itself: saving it again would collide
-            save(steps)
-        with masters.masters_installed():
-            exported = export_final(cfg, model, tokenizer, dist)
-    end = EndRecord(step=steps, steps=steps, final_loss=train_loss, eval_before=eval_before, eval_after=eval_after,
-                    export=exported, strategy=cfg.strategy.type, workers=dist.world_size,
-                    resumed_from_step=start_step)
-    sink.emit(end)
-    sink.close()
-    result = end.model_dump(mode="json")
-    if dist.is_main:
-        (Path(cfg.output_dir) / "result.json").write_text(json.dumps(result, indent=2))
-    return result
+    def save_and_export(self) -> ExportPaths:
+        """The final checkpoint (`checkpoint.final`), and the model exported in Hugging Face format."""
+        # a run resumed from the final checkpoint itself: saving it again would collide
+        if self.start_step < self.steps:
+            self.save(self.steps)
+        with self.masters.masters_installed():
+            return export_final(self.cfg, self.model, self.tokenizer, self.dist)
 
 
-SLOW_RANK_ENV = "TUNEWRIGHT_FAULT_SLOW_RANK"  # "RANK:SECONDS": that rank sleeps in every step
-
-
-def injected_delay(rank: int) -> float:
-    """A synthetic straggler, for checking that the telemetry names it (tests, benchmarks/telemetry_check.py)."""
-    spec = os.environ.get(SLOW_RANK_ENV, "")
-    if not spec:
-        return 0.0
-    slow_rank, _, seconds = spec.partition(":")
-    return float(seconds) if int(slow_rank) == rank else 0.0
+def train(cfg: JobConfig, runtime: Runtime) -> dict:
+    return Trainer(cfg, runtime).run()
 
 
 def open_sink(cfg: JobConfig, dist: Dist, start_step: int) -> MetricsSink:
