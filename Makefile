@@ -44,5 +44,11 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 
+# The generated pages under docs/ (the REST API, the spec's fields, the runtime's config) from the code;
+# tests/docs fails when they drift (`$(PY) tools/gen_docs.py --check`).
+.PHONY: docs
+docs: venv
+	$(PY) tools/gen_docs.py
+
 clean:
 	rm -rf $(VENV) demo-output .tools

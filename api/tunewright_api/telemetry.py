@@ -78,7 +78,7 @@ class StepRecord(_Record):
 
 
 class CommRecord(_Record):
-    """A profiler window's communication share (DESIGN.md, telemetry definitions)."""
+    """A profiler window's communication share (docs/architecture.md, "Telemetry definitions")."""
 
     event: Literal["comm"]
     profiled_steps: Annotated[int, Field(gt=0, le=MAX_STEP)]

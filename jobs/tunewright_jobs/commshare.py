@@ -1,7 +1,7 @@
 """Measured communication share: how much of a step each rank spends in collectives, and how much of that
 is not hidden behind compute.
 
-Definition (DESIGN.md, telemetry): per rank, the merged time of collective kernels / step time (total),
+Definition (docs/architecture.md, "Telemetry definitions"): per rank, the merged time of collective kernels / step time (total),
 and the part of it not overlapped by compute / step time (exposed). Measured with the PyTorch profiler
 over a short window of steps, every `metrics.profile.every_steps`:
 - on CUDA, collectives are NCCL kernels and compute is every other kernel (copies and memsets are DMA,

@@ -1,4 +1,4 @@
-"""GPU utilization over a logged window, as the GPU itself counts it (DESIGN.md, telemetry definitions).
+"""GPU utilization over a logged window, as the GPU itself counts it (docs/architecture.md, "Telemetry definitions").
 
 - SM-active, tensor-active and DRAM-bandwidth shares from NVML's GPU Performance Monitoring (GPM, Hopper
   and newer, no root needed): the driver's counters between two samples, one at each end of the window, so

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_the_api_extra_installs_and_serves_in_a_fresh_venv(tmp_path):
     source = tmp_path / "source"  # a copy: an install from the checkout would build in it
-    for folder in ("api", "jobs", "operator"):
+    for folder in ("api", "core", "jobs", "operator"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for file in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / file, source / file)

@@ -4,14 +4,13 @@ loader; the plan and the pool decide the pods."""
 
 import hashlib
 import re
-from pathlib import Path
 
 import kubernetes_validate
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.apiserver import KUBERAY_RAYJOB_CRD, crd_document
 from tests.support.pss import kuberay_pods, restricted_violations
 from tests.support.schemas import errors
 from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
@@ -27,7 +26,6 @@ from tunewright_operator.manifests import (
     telemetry_secret,
 )
 
-KUBERAY = Path(__file__).resolve().parents[3] / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
 TARGET = Target(namespace="team-a", name="llama-8b-support-lora", uid="0b7e4c1a-5d2f-4e8a-9c3b-2f1d6e7a8b9c",
                 job_id="ftjob-0123456789abcdef01234567")
 SETTINGS = ClusterSettings(api_url="http://tunewright-api.tunewright.svc:8000")
@@ -49,7 +47,7 @@ def plan(strategy, gpus, nodes, shard_group=1, cpu_offload=False) -> JobPlan:
 
 @pytest.fixture(scope="module")
 def rayjob_schema() -> dict:
-    crd = yaml.load(KUBERAY.read_text(), Loader=yaml.CSafeLoader)
+    crd = crd_document(KUBERAY_RAYJOB_CRD)
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return v1["schema"]["openAPIV3Schema"]
 

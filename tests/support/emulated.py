@@ -17,18 +17,17 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.support.apiserver import FakeApiServer, Resource, load_crd
+from tests.support.apiserver import KUBERAY_RAYJOB_CRD, FakeApiServer, Resource, load_crd
 from tunewright_core.k8s import KubernetesCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRDS = ROOT / "charts" / "tunewright" / "crds"
-KUBERAY = ROOT.parent / "shared" / "kuberay" / "ray.io_rayjobs.yaml"
 
 
 @cache
 def resources() -> tuple[Resource, ...]:
     found = [r for path in sorted(CRDS.glob("*.yaml")) for r in load_crd(path)]
-    return (*found, *load_crd(KUBERAY, {"v1"}))
+    return (*found, *load_crd(KUBERAY_RAYJOB_CRD, {"v1"}))
 
 
 def client_for(server: FakeApiServer) -> KubernetesCluster:

@@ -1,7 +1,7 @@
 """Memory and time of one layout of one workload: pure arithmetic, no I/O.
 
 Memory is the allocator's peak per GPU (what `torch.cuda.max_memory_allocated` reports), in bytes, at
-the higher of two moments: the start of backward (model states by strategy, REFERENCE.md table, as the
+the higher of two moments: the start of backward (model states by strategy, docs/reference.md, "Memory", as the
 runtime actually stores them; activations per micro-batch, logits and loss) and the end of backward (the
 states and every gradient, the activations freed). With CPU offload the states move to host memory,
 reported apart. Time per optimizer step is split into matrix-product time, memory-bound time, exposed
@@ -403,7 +403,7 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
             before = on_link.get(link, (0.0, 0.0))
             on_link[link] = (before[0] + total, before[1] + exposed)
     bounding = max(on_link, key=lambda link: (on_link[link][1], on_link[link][0]), default=None)
-    link_total, link_exposed = on_link.get(bounding, (0.0, 0.0))
+    link_total, link_exposed = on_link[bounding] if bounding is not None else (0.0, 0.0)
     return Estimate(sum(memory.values()), memory, host, step, mm, mb, opt, comm.total_seconds, comm.exposed_seconds,
                     copies, exposed_copies, moment, bounding, link_total, link_exposed, comm.ends_seconds,
                     comm.outlasting_forward, comm.outlasting_backward, comm.sync_seconds)

@@ -73,7 +73,7 @@ class ModelProfile:
         return self.layers * rank * sum(i + o for i, o in shapes)
 
     def flops_per_token(self, seq_len: int, method: str) -> float:
-        """Model FLOPs per trained token (REFERENCE.md): 6Ψ + 12·L·h·s full, 4Ψ + 12·L·h·s LoRA."""
+        """Model FLOPs per trained token (docs/reference.md, "FLOPs and time"): 6Ψ + 12·L·h·s full, 4Ψ + 12·L·h·s LoRA."""
         return (6 if method == "full" else 4) * self.params + 12 * self.layers * self.hidden * seq_len
 
 
