@@ -22,10 +22,11 @@ $(TOOLS)/kubectl: tools/fetch_kube_clients.py
 
 tools: $(TOOLS)/kubectl
 
-# Three tiers, each timed: lint, the fast tier (unit and table tests, seconds each), the slow tier (real
-# processes: Ray, torchrun, kopf, PostgreSQL, the browser). A failing tier stops the run.
+# Three tiers, each timed: lint (ruff, and mypy on core and the operator), the fast tier (unit and table
+# tests, seconds each), the slow tier (real processes: Ray, torchrun, kopf, PostgreSQL, the browser).
+# A failing tier stops the run.
 test: venv tools
-	@t=$$(date +%s); $(VENV)/bin/ruff check . || exit 1; echo "== tier lint: $$(( $$(date +%s) - t )) s"
+	@t=$$(date +%s); $(VENV)/bin/ruff check . && $(PY) -m mypy || exit 1; echo "== tier lint: $$(( $$(date +%s) - t )) s"
 	@t=$$(date +%s); $(PY) -m pytest -m "not slow and not e2e"; rc=$$?; \
 	  echo "== tier fast: $$(( $$(date +%s) - t )) s"; exit $$rc
 	@t=$$(date +%s); $(PY) -m pytest -m "slow and not e2e"; rc=$$?; \
@@ -43,6 +44,7 @@ demo: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
 
 # The generated pages under docs/ (the REST API, the spec's fields, the runtime's config) from the code;
 # tests/docs fails when they drift (`$(PY) tools/gen_docs.py --check`).

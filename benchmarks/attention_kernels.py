@@ -52,6 +52,7 @@ def sdpa(backend):
 
 def varlen(q, k, v):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
     from tunewright_jobs.kernels import _varlen_call
 
     b, s = q.shape[:2]
@@ -80,6 +81,7 @@ def varlen_packed(kind: str):
     fewer key/value heads without repeating them (`native-gqa`), or torch's cuDNN branch of varlen_attn
     (`cudnn`, switched on here; it takes no GQA, so the heads are repeated)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
     from torch.nn.attention import varlen as varlen_module
 
     from tunewright_jobs.kernels import _varlen_call

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "core"))
 from tunewright_jobs import kernels  # noqa: E402
 from tunewright_jobs.data import IGNORE_INDEX  # noqa: E402
 

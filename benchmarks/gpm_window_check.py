@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "core"))
 
 REFERENCE_SECONDS = 1.0
 STEP_SECONDS, BUSY_SHARE = 0.064, 0.75
@@ -170,7 +171,8 @@ def gpt2_run(out: Path, runtime: Path, steps: int, label: str, model: Path, data
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(config, indent=2))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(runtime), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(runtime), str(ROOT / "core"),
+                                                        os.environ.get("PYTHONPATH")]))}
     with Reference(out / "reference.jsonl") as reference:
         proc = subprocess.run([sys.executable, "-m", "tunewright_jobs.run", "--config", str(out / "job.json")],
                               env=env, capture_output=True, text=True, timeout=400)

@@ -150,7 +150,8 @@ def write_dataset(path: Path, n: int, words_per_example: int) -> None:
 def runtime_env(devices: str | None = None) -> dict[str, str]:
     """A child process's environment: this checkout's runtime importable, on the GPUs named (default: all)."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "jobs"), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "jobs"), str(ROOT / "core"),
+                                                        os.environ.get("PYTHONPATH")]))}
     return env | ({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {})
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "core"))
 
 
 def main() -> int:

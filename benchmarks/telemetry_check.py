@@ -47,6 +47,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "core"))
 
 from gpu_runs import MODELS, SMOKE_MODELS, build_model, environment, launch_runtime, write_dataset  # noqa: E402
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "jobs"))
+sys.path.insert(0, str(ROOT / "core"))
 from tunewright_jobs.commshare import chrome_trace_events, covered, kernel_kind  # noqa: E402
 
 

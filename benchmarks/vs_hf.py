@@ -106,6 +106,7 @@ def write_variable(path: Path, n: int, longest: int) -> None:
 
 def token_lengths(model_dir: Path, data: Path, fmt: str, seq_len: int) -> list[int]:
     sys.path.insert(0, str(ROOT / "jobs"))
+    sys.path.insert(0, str(ROOT / "core"))
     from transformers import AutoTokenizer
 
     from tunewright_jobs.data import read_jsonl, tokenize_dataset

@@ -1,8 +1,8 @@
 """What workers report, and a job's progress and measured telemetry beside the plan's predictions: pure.
 
-The records are the runtime's contract (`tunewright_jobs.telemetry` defines what it emits); these models
-are what the API accepts of them, with bounds, and a contract test holds the two together. Fields the API
-does not use are ignored, so a newer runtime's additions do not break an older API.
+The records are defined once (`tunewright_core.records`), with their bounds; the API accepts each in its
+`accepted_form`: what it reads is required, fields it does not know are ignored, so a newer runtime's
+additions do not break an older API.
 
 Communication share comes from the runtime's profiler windows (`comm` records). MFU and cost are derived
 with the plan's own definitions, so that measured and predicted compare exactly: MFU scales with tokens/s
@@ -12,136 +12,36 @@ price per second (GPUs x price per GPU-hour).
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from tunewright_core import records
+from tunewright_core.records import accepted_form
 from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry
 
-MAX_STEP = 10**9
 MAX_RECORDS_PER_BATCH = 1000
-Step = Annotated[int, Field(ge=0, le=MAX_STEP)]
-Count = Annotated[int, Field(ge=0, le=10**15)]
 
-
-def _finite_or_none(value):
-    """A diverged run reports NaN or infinity (the runtime's JSON allows them; SQL JSON does not): kept as null."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-# a measured value that may have diverged (or come from an empty window)
-Measured = Annotated[Annotated[float, Field(ge=-1e12, le=1e12)] | None, BeforeValidator(_finite_or_none)]
-MeasuredShare = Annotated[Annotated[float, Field(ge=0, le=1)] | None, BeforeValidator(_finite_or_none)]
-Share = Annotated[float, Field(ge=0, le=1)]
-Seconds = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
-
-
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    step: Step
-    time: Annotated[float, Field(ge=0, le=1e11)] = 0.0  # UNIX seconds when the runtime emitted it
-
-
-class StartRecord(_Record):
-    event: Literal["start"]
-    total_steps: Annotated[int, Field(gt=0, le=MAX_STEP)]
-
-
-class StepRecord(_Record):
-    """One logged window of optimizer steps (one step when logging every step)."""
-
-    event: Literal["step"]
-    epoch: Step = 0
-    loss: Measured
-    learning_rate: Measured
-    grad_norm: Measured
-    tokens: Count
-    tokens_per_second: Annotated[float, Field(ge=0, le=1e12)]
-    step_seconds: Seconds
-    data_seconds: Seconds
-    forward_backward_seconds: Seconds
-    optimizer_seconds: Seconds
-    peak_memory_gib: Annotated[float, Field(ge=0, le=1e6)] | None = None
-    peak_memory_reserved_gib: Annotated[float, Field(ge=0, le=1e6)] | None = None
-    # NVML GPM over the window (mean over ranks); kernel-active is NVML's utilization.gpu
-    sm_active_share: Share | None = None
-    tensor_active_share: Share | None = None
-    dram_bandwidth_share: Share | None = None
-    kernel_active_share: Share | None = None
-    gpu_activity_unavailable: Annotated[str, Field(max_length=500)] | None = None
-
-    def metrics(self) -> dict:
-        """What a metrics point keeps: everything but the envelope."""
-        return self.model_dump(exclude={"event", "step", "time"}, exclude_none=True)
-
-
-class CommRecord(_Record):
-    """A profiler window's communication share (docs/architecture.md, "Telemetry definitions")."""
-
-    event: Literal["comm"]
-    profiled_steps: Annotated[int, Field(gt=0, le=MAX_STEP)]
-    profiled_step_seconds: Seconds
-    comm_share: Share
-    comm_share_exposed: Share
-    comm_seconds_per_step: Seconds
-    exposed_comm_seconds_per_step: Seconds
-    comm_share_max_rank: Share
-    comm_share_exposed_max_rank: Share
-    # the collectives' time split into waiting for the slowest rank and transfer; each rank's own work
-    wait_seconds_per_step: Seconds | None = None
-    transfer_seconds_per_step: Seconds | None = None
-    rank_own_seconds_min: Seconds | None = None
-    rank_own_seconds_median: Seconds | None = None
-    rank_own_seconds_max: Seconds | None = None
-    slowest_rank: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
-    # what the window itself added to the run, and the step the next one opens at
-    window_cost_seconds: Seconds | None = None
-    next_window_step: Step | None = None
-    # the window's GPU kernels (absent on the CPU): where the compute went, and how busy the GPU was
-    matmul_seconds_per_step: Seconds | None = None
-    attention_seconds_per_step: Seconds | None = None
-    other_compute_seconds_per_step: Seconds | None = None
-    gpu_busy_share: Share | None = None
-
-
-class EvalRecord(_Record):
-    event: Literal["eval"]
-    val_loss: Measured
-    val_token_accuracy: MeasuredShare
-    exact_match: MeasuredShare = None
-    exact_match_examples: Count | None = None
-
-
-class CheckpointRecord(_Record):
-    """A checkpoint committed by the runtime's store; the store keeps only the newest `keep_last`."""
-
-    event: Literal["checkpoint"]
-    uri: Annotated[str, Field(min_length=1, max_length=4096)]
-    train_loss: Measured = None
-    keep_last: Annotated[int, Field(gt=0, le=10**6)]
-    seconds: Seconds | None = None  # writing it (the training waited)
-
-
-class Export(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-    adapter: Annotated[str, Field(max_length=4096)] | None = None
-    merged: Annotated[str, Field(max_length=4096)] | None = None
-    model: Annotated[str, Field(max_length=4096)] | None = None
-
-
-class EndRecord(_Record):
-    """The run's result (what it also writes to result.json): kept whole, bounded by the batch size."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    event: Literal["end"]
-    final_loss: Measured = None
-    export: Export = Field(default_factory=Export)
-
-
+# each record kind as the API accepts it (tunewright_core.records defines them, with their bounds): what the
+# API reads is required, the rest may be absent
+StartRecord = accepted_form(records.StartRecord, needs=("total_steps",))
+StepRecord = accepted_form(records.StepRecord, defaults={"epoch": 0}, needs=(
+    "loss", "learning_rate", "grad_norm", "tokens", "tokens_per_second", "step_seconds", "data_seconds",
+    "forward_backward_seconds", "optimizer_seconds"))
+EvalRecord = accepted_form(records.EvalRecord, needs=("val_loss", "val_token_accuracy"))
+CommRecord = accepted_form(records.CommRecord, needs=(
+    "profiled_steps", "profiled_step_seconds", "comm_share", "comm_share_exposed", "comm_seconds_per_step",
+    "exposed_comm_seconds_per_step", "comm_share_max_rank", "comm_share_exposed_max_rank"))
+CheckpointRecord = accepted_form(records.CheckpointRecord, needs=("uri", "keep_last"))
+EndRecord = accepted_form(records.EndRecord, needs=(), defaults={"export": records.ExportPaths()})
 TelemetryRecord = Annotated[StartRecord | StepRecord | CommRecord | EvalRecord | CheckpointRecord | EndRecord,
                             Field(discriminator="event")]
+
+
+def step_metrics(record: BaseModel) -> dict:
+    """What a metrics point keeps of a `step` record: everything but the envelope."""
+    return record.model_dump(exclude={"event", "step", "time"}, exclude_none=True)
 
 
 class TelemetryBatch(BaseModel):
@@ -192,7 +92,7 @@ def refusal_of_batch(accepted: list[TelemetryRecord], rejected: list[Rejected]) 
     reasons = "; ".join(f"record {r.index}: {r.error}" for r in rejected[:MAX_REPORTED_REJECTIONS])
     more = f" (and {len(rejected) - MAX_REPORTED_REJECTIONS} more)" if len(rejected) > MAX_REPORTED_REJECTIONS else ""
     return (f"no record of the batch is valid, none was applied: {reasons}{more}. Records must follow the "
-            "runtime's telemetry contract (tunewright_jobs.telemetry): fix the worker that sent them")
+            "runtime's telemetry contract (tunewright_core.records): fix the worker that sent them")
 
 
 def aware(moment: datetime) -> datetime:

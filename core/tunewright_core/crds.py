@@ -107,7 +107,7 @@ def _root(description: str, spec: dict, status: dict) -> dict:
 
 
 def _column(name: str, type_: str, path: str, description: str, priority: int = 0) -> dict:
-    column = {"name": name, "type": type_, "jsonPath": path, "description": description}
+    column: dict[str, Any] = {"name": name, "type": type_, "jsonPath": path, "description": description}
     if priority:
         column["priority"] = priority
     return column

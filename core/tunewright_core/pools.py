@@ -95,7 +95,7 @@ def gpu_as_planned(gpu: str, measured: dict | None) -> GPU:
 def links_as_planned(intra_node: str, inter_node: str | None, measured: dict) -> tuple[Link, Link | None]:
     """A pool's declared links, each at its measured bandwidth where `measured` holds one."""
     return (learned(LINKS[intra_node], measured.get(INTRA_NODE)),
-            inter_node and learned(LINKS[inter_node], measured.get(INTER_NODE)))
+            learned(LINKS[inter_node], measured.get(INTER_NODE)) if inter_node else None)
 
 
 INTRA_NODE, INTER_NODE = "intraNode", "interNode"  # the keys of measured links (MeasuredLinks' aliases)
@@ -140,6 +140,7 @@ def learnt_links(plan: JobPlan, pool_name: str, intra_node: str, inter_node: str
         return None  # this window is in already (a batch of telemetry sent again)
     # scaled from the bandwidth the plan predicted at (what the pool had learned by then, else the declared
     # one): scaled from the declared one, a pool that had learned would settle at sqrt(declared x true)
+    assert plan.predicted is not None  # teaches(plan) checked it
     planned = replace(LINKS[name], bus_bytes_per_s=plan.link_bus_bytes_per_s or LINKS[name].bus_bytes_per_s)
     bus = measured_bus_bytes_per_s(planned, plan.predicted.comm_seconds, transfer_seconds)
     if bus is None:
@@ -174,6 +175,7 @@ def learnt_efficiency(plan: JobPlan, pool_name: str, gpu: str, measured: dict | 
     if measured and measured.get("lastJob") == job_id and measured.get("measuredAt") == at:
         return None
     p = plan.predicted
+    assert p is not None  # learns_efficiency(plan) checked it
     factor = measured_efficiency_factor(catalog_compute, p.matmul_seconds + p.memory_bound_seconds, p.step_seconds,
                                         p.exposed_comm_seconds, measured_step_seconds, measured_exposed_comm_seconds)
     if factor is None:

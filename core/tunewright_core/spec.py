@@ -18,11 +18,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic.alias_generators import to_camel
 
 from tunewright_core.planner.hardware import GPUS, LINK_WINDOWS_KEPT, LINKS
+from tunewright_core.records import Strategy
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 
-Strategy = Literal["single", "ddp", "fsdp", "hsdp"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MethodType = Literal["lora", "full"]
 DatasetFormat = Literal["chat", "prompt_completion", "text"]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from tunewright_core.records import CommRecord
 from tunewright_jobs.config import ProfileConfig
-from tunewright_jobs.telemetry import CommRecord
 
 log = logging.getLogger(__name__)
 

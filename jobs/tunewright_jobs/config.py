@@ -327,8 +327,8 @@ def format_validation_error(err: ValidationError, model: type[BaseModel]) -> str
     return "invalid job config:\n  " + "\n  ".join(lines)
 
 
-# A copy of tunewright_core.spec.error_message (the runtime imports nothing of ours; a contract test holds
-# the two to the same answers).
+# A copy of tunewright_core.spec.error_message (the runtime imports only core's records, not the spec; a
+# contract test holds the two to the same answers).
 def error_message(error: Mapping[str, Any], model: type[BaseModel]) -> str:
     """One error of a ValidationError raised for `model`, said for a person: its own message, but an unknown key
     names the keys it is closest to, or lists the keys allowed there."""

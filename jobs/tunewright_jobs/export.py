@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from tunewright_core.records import ExportPaths
 from tunewright_jobs.config import JobConfig
 from tunewright_jobs.data import end_of_turn_id, stop_token_ids
 from tunewright_jobs.parallel import Dist
-from tunewright_jobs.telemetry import ExportPaths
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from tunewright_jobs.telemetry import TelemetryRecord
+from tunewright_core.records import TelemetryRecord
 
 log = logging.getLogger(__name__)
 

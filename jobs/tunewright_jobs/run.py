@@ -21,6 +21,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
+import tunewright_core.records as records  # where core is, for Ray's local workers
 from tunewright_jobs.config import ConfigError, JobConfig
 from tunewright_jobs.data import DatasetError
 from tunewright_jobs.remote_data import localize_datasets
@@ -77,9 +78,10 @@ def connect_ray() -> None:
     # exit after Ray's own shutdown (atexit runs in reverse order of registration).
     temp_dir = tempfile.mkdtemp(prefix="tunewright-ray-")
     atexit.register(shutil.rmtree, temp_dir, ignore_errors=True)
-    # Local workers import this package from where the driver found it (installed or not).
-    source_root = str(Path(__file__).resolve().parent.parent)
-    path = os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)
+    # Local workers import this package, and core's records, from where the driver found them (installed or not).
+    source_roots = [str(Path(module.__file__).resolve().parent.parent) for module in (sys.modules[__package__],
+                                                                                       records)]
+    path = os.pathsep.join(p for p in (*dict.fromkeys(source_roots), os.environ.get("PYTHONPATH")) if p)
     ray.init(address="local", runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
              _temp_dir=temp_dir)
 

@@ -20,6 +20,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tunewright_core.records import (
+    CheckpointRecord,
+    EndRecord,
+    EvalMetrics,
+    EvalRecord,
+    ExportPaths,
+    StartRecord,
+    StepRecord,
+)
 from tunewright_jobs import checkpoint as ckpt
 from tunewright_jobs.checkpoint import CheckpointStore
 from tunewright_jobs.components import SLOW_RANK_ENV as SLOW_RANK_ENV  # where tests and benchmarks import it
@@ -52,15 +61,6 @@ from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts, transformer_blocks
 from tunewright_jobs.parallel import Dist, MasterWeights, gradient_sync, wrap_model
-from tunewright_jobs.telemetry import (
-    CheckpointRecord,
-    EndRecord,
-    EvalMetrics,
-    EvalRecord,
-    ExportPaths,
-    StartRecord,
-    StepRecord,
-)
 
 log = logging.getLogger(__name__)
 

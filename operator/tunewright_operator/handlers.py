@@ -37,7 +37,7 @@ def login(settings: kopf.OperatorSettings, **_) -> kopf.ConnectionInfo:
     k8s.load_credentials()
     config = client.Configuration.get_default_copy()
     header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
-    scheme, _, token = (header or "").rpartition(" ")
+    scheme, _sep, token = (header or "").rpartition(" ")  # (`_` is the handler's **kwargs)
     return kopf.ConnectionInfo(
         server=config.host, ca_path=config.ssl_ca_cert, insecure=not config.verify_ssl,
         username=config.username or None, password=config.password or None, scheme=scheme or None,

@@ -12,7 +12,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, cast
 
 from pydantic import ValidationError
 
@@ -120,9 +120,11 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     plan = status.plan
     if ray_job is None:
         replan = plan is None or status.observed_generation != generation  # (re)plan until something runs
-        pool_name, pool, measured, why_not = resolve_pool(spec, cluster, None if replan else plan.pool)
+        pool_name, pool, measured, why_not = resolve_pool(spec, cluster,
+                                                          None if replan or plan is None else plan.pool)
         if pool is None:
             return settle(Observation("Pending", "PoolNotFound", why_not))
+        assert pool_name is not None  # resolve_pool names every pool it finds
         if replan:
             try:  # the API's plan of record when it was made for this spec on this pool, else our own
                 plan = (adopted_plan((meta.get("annotations") or {}).get(PLAN_ANNOTATION), spec, pool_name, pool)
@@ -130,6 +132,7 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
             except (NoPlan, ValueError) as err:
                 return settle(Observation("Failed", "NoPlan", str(err)))
             settle(Observation("Planned", "Planned", plan.explanation), plan=plan)
+        assert plan is not None  # planned just now, or kept (replan is false only with a plan)
         try:
             ray_job = create_run(cluster, job, target, spec, plan, pool, settings)
         except NotRunnable as err:
@@ -157,6 +160,8 @@ def measured_by_api(summaries: Summaries | None, settings: manifests.ClusterSett
     """Progress and measured telemetry as the API summarizes the runtime's records (what `tunewright get`
     shows); what the status had when the API has nothing (yet) or cannot be reached. Cost stays ours."""
     found = summaries(target, manifests.job_token(settings, target)) if summaries else None
+    if found is None:  # the API has nothing (yet) or cannot be reached
+        return status.progress, status.telemetry
     try:
         progress = JobProgress.model_validate(found["progress"])
         telemetry = JobTelemetry.model_validate(found["telemetry"])
@@ -170,7 +175,7 @@ def with_held_cost(telemetry: JobTelemetry | None, plan: JobPlan | None, cluster
     """The telemetry with `costUSD` as the GPUs held so far cost at the planned pool's price (kept as it
     was when the pool is gone)."""
     pool = cluster.get("GPUPool", None, plan.pool) if plan and start else None
-    if pool is None:
+    if pool is None or plan is None:  # (a pool is read only with a plan)
         return telemetry
     cost = held_cost(plan.gpus, GPUPoolSpec.model_validate(pool["spec"]).price_per_gpu_hour, start, end)
     return (telemetry or JobTelemetry()).model_copy(update={"cost_usd": cost})
@@ -287,7 +292,8 @@ def _create(cluster: Cluster, obj: dict) -> dict:
     try:
         return cluster.create(obj)
     except AlreadyExists:  # created by an earlier reconcile that died before finishing
-        return cluster.get(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"])
+        # the object that AlreadyExists named: there unless deleted since (then None, as before)
+        return cast(dict, cluster.get(obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]))
 
 
 def pod_problem_of(cluster: Cluster, namespace: str, ray_status: dict) -> PodProblem | None:

@@ -28,9 +28,9 @@ from tunewright_core.names import (
     job_id_of,
 )
 from tunewright_core.plan_of_record import adopted_plan
+from tunewright_core.records import CheckpointRecord, EndRecord, ExportPaths, StartRecord, StepRecord
 from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 from tunewright_core.status import Observation, with_condition
-from tunewright_jobs.telemetry import CheckpointRecord, EndRecord, ExportPaths, StartRecord, StepRecord
 
 NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
 

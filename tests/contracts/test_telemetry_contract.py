@@ -1,4 +1,4 @@
-"""The records the runtime emits (`tunewright_jobs.telemetry`) are accepted by the API's own models
+"""The records the runtime emits (`tunewright_core.records`) are accepted by the API's own models
 (`tunewright_api.telemetry`), sent the way the runtime's HTTP sink sends them."""
 
 import json
@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from tests.jobs.conftest import make_config
 from tests.jobs.test_metrics import ONE_OF_EACH, STEP
 from tunewright_api import telemetry as api
-from tunewright_jobs import telemetry as runtime
+from tunewright_core import records as runtime
 from tunewright_jobs.run import train_without_ray
 
 PAIRS = [(runtime.StartRecord, api.StartRecord), (runtime.StepRecord, api.StepRecord),

@@ -4,8 +4,8 @@ import copy
 import os
 from pathlib import Path
 
+from tunewright_core.records import TelemetryRecord, read_records
 from tunewright_jobs.config import JobConfig
-from tunewright_jobs.telemetry import TelemetryRecord, read_records
 from tunewright_jobs.tiny import DATA_DIR
 
 
@@ -52,5 +52,5 @@ def metrics(cfg: JobConfig, event: str = "step") -> list[TelemetryRecord]:
 
 def python_path() -> str:
     """PYTHONPATH for a child process running the runtime from this checkout (installed or not)."""
-    jobs_dir = Path(__file__).resolve().parents[2] / "jobs"
-    return os.pathsep.join(filter(None, [str(jobs_dir), os.environ.get("PYTHONPATH")]))
+    root = Path(__file__).resolve().parents[2]  # the runtime, and core's records it imports
+    return os.pathsep.join(filter(None, [str(root / "jobs"), str(root / "core"), os.environ.get("PYTHONPATH")]))

@@ -10,8 +10,7 @@ from typing import get_args
 
 from pydantic import TypeAdapter
 
-from tunewright_jobs.metrics import HttpSink, JsonlSink
-from tunewright_jobs.telemetry import (
+from tunewright_core.records import (
     CheckpointRecord,
     CommRecord,
     EndRecord,
@@ -23,6 +22,7 @@ from tunewright_jobs.telemetry import (
     TelemetryRecord,
     read_records,
 )
+from tunewright_jobs.metrics import HttpSink, JsonlSink
 
 RECORD = TypeAdapter(TelemetryRecord)
 EVAL = EvalMetrics(val_loss=0.5, val_token_accuracy=0.8, exact_match=0.25, exact_match_examples=16)

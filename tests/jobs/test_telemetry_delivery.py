@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tunewright_core.records import StepRecord
 from tunewright_jobs.metrics import MAX_BACKOFF_SECONDS, HttpSink
-from tunewright_jobs.telemetry import StepRecord
 
 STEP = StepRecord(step=1, epoch=0, loss=2.5, learning_rate=1e-3, grad_norm=1.5, tokens=400, tokens_per_second=4e3,
                   step_seconds=0.1, data_seconds=0.01, forward_backward_seconds=0.07, optimizer_seconds=0.02)

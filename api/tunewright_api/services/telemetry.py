@@ -34,6 +34,7 @@ from tunewright_api.telemetry import (
     StepRecord,
     TelemetryRecord,
     parse_records,
+    step_metrics,
 )
 from tunewright_core.storage import volume_uri
 
@@ -179,7 +180,7 @@ def apply(session: Session, job: Job, record: TelemetryRecord, learn: LinkLearne
             if point is not None:
                 job.trained_tokens -= int(point.data.get("tokens", 0))
             point = point or MetricPoint(job_id=job.id, step=record.step, time=record.time, data={})
-            point.time, point.data = record.time, record.metrics()
+            point.time, point.data = record.time, step_metrics(record)
             session.add(point)
             job.step, job.loss, job.tokens_per_second = record.step, record.loss, record.tokens_per_second
             job.trained_tokens += record.tokens

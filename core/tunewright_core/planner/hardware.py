@@ -8,6 +8,7 @@ others are the same ratios until a pool's measurements replace them (`GPU.calibr
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 GIB = 2**30
 
@@ -23,7 +24,8 @@ class GPU:
     memory_efficiency: float = 0.6
 
     def calibrated(self, **measured: float) -> GPU:
-        return replace(self, **measured)
+        changes: dict[str, Any] = measured  # float fields only; replace() types each field's keyword
+        return replace(self, **changes)
 
 
 @dataclass(frozen=True)

@@ -219,9 +219,10 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
             cheapest_fit[s] = c
         if s not in fastest_fit or c.duration_seconds < fastest_fit[s].duration_seconds:
             fastest_fit[s] = c
-        if objective == "fastest-within-budget" and c.cost_usd > budget_usd:
+        if objective == "fastest-within-budget" and budget_usd is not None and c.cost_usd > budget_usd:
             continue
-        if objective == "cheapest-within-deadline" and c.duration_seconds > deadline_seconds:
+        if (objective == "cheapest-within-deadline" and deadline_seconds is not None
+                and c.duration_seconds > deadline_seconds):
             continue
         eligible.setdefault(s, []).append(c)
         if s not in best_per_strategy or _better(objective, c, best_per_strategy[s]):
@@ -301,6 +302,7 @@ def _rejections(strategies, best, smallest, cheapest, fastest, pool: Pool, objec
 def _link(e: Estimate) -> str:
     """The link that bounds a layout's collectives, with its bus bandwidth."""
     link = e.bounding_link
+    assert link is not None, "called only where collectives run on a link"
     return f"{link.name} at {link.bus_bytes_per_s / 1e9:.3g} GB/s bus bandwidth"
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tunewright_jobs.telemetry import EndRecord, StepRecord, read_records
+from tunewright_core.records import EndRecord, StepRecord, read_records
 from tunewright_jobs.tiny import DATA_DIR, build_model
 
 
