@@ -7,7 +7,7 @@ planned on wrongly, so every disagreement is reported in its status, in words.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pydantic import ValidationError
 
@@ -185,21 +185,41 @@ def learnt_efficiency(plan: JobPlan, pool_name: str, gpu: str, measured: dict | 
             f"next plans use the mean of its last windows")
 
 
-def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = None
-                 ) -> tuple[str | None, GPUPoolSpec | None, MeasuredLinks | None, str]:
-    """The pool named by the spec (or the plan), else the one marked default, with the links its jobs
-    measured; why not when there is none."""
+@dataclass(frozen=True)
+class ResolvedPool:
+    """The GPUPool a job runs on, with what its jobs measured of it (`status`); `spec` is None, and
+    `why_not` says why, where there is none."""
+
+    name: str | None
+    spec: GPUPoolSpec | None
+    links: MeasuredLinks | None = None
+    efficiency: MeasuredEfficiency | None = None
+    why_not: str = ""
+
+    @classmethod
+    def of(cls, gpupool: dict) -> ResolvedPool:
+        return cls(gpupool["metadata"]["name"], GPUPoolSpec.model_validate(gpupool["spec"]),
+                   measured_links_of(gpupool), measured_efficiency_of(gpupool))
+
+    def planner_pool(self) -> Pool:
+        assert self.name is not None and self.spec is not None, self.why_not
+        return planner_pool(self.name, self.spec, self.links, self.efficiency)
+
+
+def resolve_pool(spec: FineTuneJobSpec, cluster: Cluster, name: str | None = None) -> ResolvedPool:
+    """The pool named by the spec (or the plan), else the one marked default, with what its jobs measured;
+    why not when there is none."""
     wanted = name or spec.resources.pool
     if wanted:
         found = cluster.get("GPUPool", None, wanted)
         if found is None:
-            return wanted, None, None, f"no GPUPool {wanted}: create it, or set resources.pool to an existing one"
-        return wanted, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found), ""
+            return ResolvedPool(wanted, None, why_not=f"no GPUPool {wanted}: create it, or set resources.pool "
+                                                      "to an existing one")
+        return ResolvedPool.of(found)
     defaults = [p for p in cluster.list("GPUPool") if p["spec"].get("default")]
     if len(defaults) != 1:
         names = ", ".join(sorted(p["metadata"]["name"] for p in defaults))
         why = (f"several GPUPools are marked default ({names}): set resources.pool" if defaults else
                "no GPUPool is marked default: set resources.pool, or create a pool with default: true")
-        return None, None, None, why
-    pool = defaults[0]
-    return pool["metadata"]["name"], GPUPoolSpec.model_validate(pool["spec"]), measured_links_of(pool), ""
+        return ResolvedPool(None, None, why_not=why)
+    return ResolvedPool.of(defaults[0])

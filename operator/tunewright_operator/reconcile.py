@@ -31,7 +31,7 @@ from tunewright_core.planner import calibration
 from tunewright_core.planner.jobs import dataset_tokens_of, plan_job
 from tunewright_core.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_core.planner.search import NoPlan
-from tunewright_core.pools import planner_pool, resolve_pool
+from tunewright_core.pools import ResolvedPool, resolve_pool
 from tunewright_core.spec import (
     TERMINAL_PHASES,
     FineTuneJobSpec,
@@ -40,7 +40,6 @@ from tunewright_core.spec import (
     JobPlan,
     JobProgress,
     JobTelemetry,
-    MeasuredLinks,
     error_message,
 )
 from tunewright_core.status import (
@@ -120,15 +119,15 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     plan = status.plan
     if ray_job is None:
         replan = plan is None or status.observed_generation != generation  # (re)plan until something runs
-        pool_name, pool, measured, why_not = resolve_pool(spec, cluster,
-                                                          None if replan or plan is None else plan.pool)
+        resolved = resolve_pool(spec, cluster, None if replan or plan is None else plan.pool)
+        pool_name, pool = resolved.name, resolved.spec
         if pool is None:
-            return settle(Observation("Pending", "PoolNotFound", why_not))
+            return settle(Observation("Pending", "PoolNotFound", resolved.why_not))
         assert pool_name is not None  # resolve_pool names every pool it finds
         if replan:
             try:  # the API's plan of record when it was made for this spec on this pool, else our own
                 plan = (adopted_plan((meta.get("annotations") or {}).get(PLAN_ANNOTATION), spec, pool_name, pool)
-                        or plan_on_pool(spec, pool_name, pool, job, measured))
+                        or plan_on_pool(spec, resolved, job))
             except (NoPlan, ValueError) as err:
                 return settle(Observation("Failed", "NoPlan", str(err)))
             settle(Observation("Planned", "Planned", plan.explanation), plan=plan)
@@ -248,10 +247,10 @@ def model_profile(source: str, annotations: dict) -> ModelProfile:
         raise ValueError(f"{where}: {err if isinstance(err, ValueError) else f'lacks or mistypes {err}'}") from None
 
 
-def plan_on_pool(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, job: dict,
-                 measured: MeasuredLinks | None = None) -> JobPlan:
+def plan_on_pool(spec: FineTuneJobSpec, pool: ResolvedPool, job: dict) -> JobPlan:
+    """On the pool with what its jobs measured (links, compute efficiency) where it learns them."""
     profile = model_profile(spec.model.source, job["metadata"].get("annotations") or {})
-    described = planner_pool(pool_name, pool, measured)
+    described = pool.planner_pool()
     dataset_bytes = job["metadata"].get("annotations", {}).get(DATASET_BYTES_ANNOTATION)
     tokens = dataset_tokens_of(int(dataset_bytes)) if dataset_bytes and dataset_bytes.isdigit() else None
     cal, _ = calibration.load()

@@ -109,3 +109,57 @@ def test_a_window_teaches_an_opted_in_pool_its_efficiency_and_the_next_plan_uses
         assert pool.measured_efficiency["factor"] == pytest.approx(0.5)
         pool.learn_links = False  # opting out plans on the catalog's efficiency again, what was learnt is kept
         assert pool_of(pool).gpu == calibration.for_gpu("H100") and pool.measured_efficiency
+
+
+GPUPOOL = {"apiVersion": "tunewright.dev/v1alpha1", "kind": "GPUPool", "metadata": {"name": "l40s"},
+           "spec": {"gpu": "L40S", "gpusPerNode": 8, "maxNodes": 1, "intraNode": "pcie4",
+                    "pricePerGPUHour": 1.5, "workerImage": "w:1"}}
+
+
+@pytest.mark.parametrize("learns", [True, False])
+def test_a_gpupool_that_learns_keeps_its_efficiency_in_its_status_and_the_next_plans_use_it(emulated_cluster,
+                                                                                            learns):
+    """The cluster's pools, as the described ones: the API folds a window into the GPUPool's
+    status.measuredEfficiency, the operator's discovery leaves it, and both the API's and the operator's
+    plans use it; a GPU the pool's jobs measured over enough windows is no longer widened as unmeasured."""
+    from tests.support.emulated import client_for
+    from tunewright_api.backends.kubernetes import KubernetesBackend
+    from tunewright_api.settings import Settings
+    from tunewright_core.planner.band import LEARNED_ENOUGH
+    from tunewright_core.pools import discovered, resolve_pool
+    from tunewright_operator.reconcile import plan_on_pool
+
+    cluster = client_for(emulated_cluster)
+    cluster.create(GPUPOOL | {"spec": GPUPOOL["spec"] | {"learnLinks": learns}})
+    backend = KubernetesBackend(Settings(backend="kubernetes"), engine=None, cluster=cluster)
+    spec = FineTuneJobSpec.model_validate({**SPEC, "resources": {"pool": "l40s"}})
+    job_spec = spec.model_dump(by_alias=True, exclude_none=True)
+    profile = profile_for(spec.model.source, param="model.source")
+    before = plan_on(spec=spec, profile=profile, pool=backend.pool("l40s"), dataset_tokens=None, spec_param=None)
+    assert "no run measured a L40S" in before.predicted.band.basis
+    p = before.predicted
+    compute = p.matmul_seconds + p.memory_bound_seconds
+    job = Job(id="ftjob-l40s", tenant_id="t", model="llama-8b", spec=job_spec, plan=before.model_dump(by_alias=True))
+    said = [backend.learn_efficiency(None, job, p.step_seconds + compute, p.exposed_comm_seconds, at)
+            for at in range(1, LEARNED_ENOUGH + 1)]
+    again = backend.learn_efficiency(None, job, p.step_seconds + compute, p.exposed_comm_seconds, LEARNED_ENOUGH)
+    assert again is None  # the last window sent again: folded once
+    status = cluster.get("GPUPool", None, "l40s").get("status") or {}
+    if not learns:
+        assert said == [None] * LEARNED_ENOUGH and "measuredEfficiency" not in status
+        return
+    assert said[0].startswith("pool l40s: its L40Ss computed at 0.5x the catalog's efficiency")
+    assert status["measuredEfficiency"]["factor"] == pytest.approx(0.5)
+    assert status["measuredEfficiency"]["windows"] == LEARNED_ENOUGH
+    cluster.patch_status("GPUPool", None, "l40s", discovered(GPUPoolSpec.model_validate(GPUPOOL["spec"]), []).model_dump(
+        by_alias=True, mode="json", exclude_none=True))  # the operator's discovery writes its own fields only
+    assert resolve_pool(spec, cluster).efficiency.windows == LEARNED_ENOUGH
+    after = plan_on(spec=spec, profile=profile, pool=backend.pool("l40s"), dataset_tokens=None, spec_param=None)
+    ftj = {"metadata": {"name": "j", "namespace": "n", "uid": "u", "annotations": {}}, "spec": job_spec}
+    by_operator = plan_on_pool(spec, resolve_pool(spec, cluster), ftj)
+    assert after.predicted.step_seconds > before.predicted.step_seconds
+    assert by_operator.predicted.step_seconds == pytest.approx(after.predicted.step_seconds)
+    assert "no run measured" not in after.predicted.band.basis
+    assert f"{LEARNED_ENOUGH} profiler windows of this pool's jobs measured it" in after.predicted.band.basis
+    cluster.patch_status("GPUPool", None, "l40s", {"measuredEfficiency": None})  # forgetting it
+    assert backend.pool("l40s").gpu == calibration.for_gpu("L40S")

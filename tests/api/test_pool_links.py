@@ -134,7 +134,7 @@ def test_a_gpupool_that_learns_keeps_its_links_in_its_status_and_the_next_plan_u
     after = plan_on(spec=spec, profile=profile, pool=backend.pool("eth4x8"), dataset_tokens=None, spec_param=None)
     assert "as measured over 1 profiler window" in after.explanation
     assert after.predicted.step_seconds > before.predicted.step_seconds
-    _, _, measured, _ = resolve_pool(spec, cluster)  # what the operator plans with
+    measured = resolve_pool(spec, cluster).links  # what the operator plans with
     assert measured.inter_node.windows == 1 and measured.intra_node is None
     cluster.patch_status("GPUPool", None, "eth4x8", {"measuredLinks": None})  # forgetting them (README)
     assert "measuredLinks" not in cluster.get("GPUPool", None, "eth4x8")["status"]

@@ -86,3 +86,22 @@ def test_the_band_widens_where_the_plan_extrapolates(gpu, gpus, network, seq_len
     low, high = b.around(100.0)
     assert (low, high) == pytest.approx((100 * b.low, 100 * b.high))
     assert b.around(10.0, inverse=True) == pytest.approx((10 / b.high, 10 / b.low))  # step time, cost
+
+
+@pytest.mark.parametrize(("windows", "widened", "says"), [
+    (0, 2.0, "no run measured a L40S"),
+    (1, 2.0, "no run measured a L40S but 1 window of this pool's jobs"),
+    (3, 1.0, "the L40S's compute efficiency as 3 profiler windows of this pool's jobs measured it"),
+])
+def test_a_gpu_the_pools_own_jobs_measured_is_not_widened_as_unmeasured(windows, widened, says):
+    b = band(EVIDENCE, "L40S", 8, None, 2048, "full", learned_windows=windows)
+    assert math.log(b.high) == pytest.approx(math.log(EVIDENCE.published[1]) * widened) and says in b.basis
+
+
+def test_a_learned_gpu_carries_the_windows_it_was_learned_over():
+    from tunewright_core.planner.hardware import learned_gpu
+
+    catalog = calibration.for_gpu("L40S")
+    learnt = learned_gpu(catalog, "L40S", {"gpu": "L40S", "factor": 0.8, "windows": 4, "lastJob": "j", "measuredAt": 1})
+    assert learnt.learned_windows == 4 and learnt.matmul_efficiency == pytest.approx(0.8 * catalog.matmul_efficiency)
+    assert learned_gpu(catalog, "L40S", {"gpu": "H100", "factor": 0.8, "windows": 4}) == catalog

@@ -94,6 +94,11 @@ class Backend(Protocol):
         """Fold a profiler window's measured transfer time into the pool the job was planned on, where that
         pool learns its links; what was learnt, for the job's events (None: nothing)."""
 
+    def learn_efficiency(self, session: Session, job: Job, step_seconds: float, exposed_comm_seconds: float,
+                         at: float) -> str | None:
+        """Fold a profiler window's measured compute into the pool the job was planned on, where that pool
+        learns; what was learnt, for the job's events (None: nothing)."""
+
     def submit(self, session: Session, job: Job, spec: FineTuneJobSpec, planned: Planned, train: StoredFile,
                validation: StoredFile | None, telemetry_token: str) -> None:
         """Everything the run needs (its runtime config, secrets, storage), in the job's transaction; the

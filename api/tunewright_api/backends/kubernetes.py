@@ -30,7 +30,13 @@ from urllib3.exceptions import HTTPError as TransportError
 from tunewright_api.backends import AlreadyFinished, Planned, Ticker
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
-from tunewright_api.services.plans import learn_links, plan_on, profile_for
+from tunewright_api.services.plans import (
+    efficiency_learnt,
+    learn_efficiency,
+    learn_links,
+    plan_on,
+    profile_for,
+)
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL
 from tunewright_core.k8s import AlreadyExists, KubernetesCluster, KubernetesError, load_credentials
@@ -47,8 +53,21 @@ from tunewright_core.plan_of_record import plan_annotation
 from tunewright_core.planner.hardware import Pool
 from tunewright_core.planner.jobs import dataset_tokens_of
 from tunewright_core.planner.models import hf_config, lookup
-from tunewright_core.pools import learnt_links, measured_links_of, planner_pool, resolve_pool, teaches
-from tunewright_core.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, MeasuredLinks
+from tunewright_core.pools import (
+    ResolvedPool,
+    learns_efficiency,
+    learnt_links,
+    measured_links_of,
+    resolve_pool,
+    teaches,
+)
+from tunewright_core.spec import (
+    FineTuneJobSpec,
+    FineTuneJobStatus,
+    GPUPoolSpec,
+    MeasuredEfficiency,
+    MeasuredLinks,
+)
 from tunewright_core.status import CONDITION_OF_PHASE
 from tunewright_core.storage import NotRunnable, check_runnable
 
@@ -150,19 +169,18 @@ class KubernetesBackend:
 
     def pool(self, name: str) -> Pool | None:
         found = self.cluster.get("GPUPool", None, name)
-        return (planner_pool(name, GPUPoolSpec.model_validate(found["spec"]), measured_links_of(found)) if found
-                else None)
+        return ResolvedPool.of(found).planner_pool() if found else None
 
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> Planned:
         """The job's plan of record, on the pool the operator would resolve: written onto the FineTuneJob,
         where the operator adopts it."""
-        name, pool, measured, why_not = resolve_pool(spec, self.cluster)
-        if pool is None:
-            raise ApiError(422, why_not, "resources.pool", "unknown_pool")
+        resolved = resolve_pool(spec, self.cluster)
+        if resolved.spec is None:
+            raise ApiError(422, resolved.why_not, "resources.pool", "unknown_pool")
         profile = profile_for(spec.model.source, param="model.source")
-        plan = plan_on(spec=spec, profile=profile, pool=planner_pool(name, pool, measured),
+        plan = plan_on(spec=spec, profile=profile, pool=resolved.planner_pool(),
                        dataset_tokens=dataset_tokens_of(train.bytes), spec_param=None)
-        return Planned(plan, profile, pool)
+        return Planned(plan, profile, resolved.spec)
 
     def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
         """Fold a window's measured transfer into the GPUPool the job was planned on, where it learns its
@@ -191,6 +209,34 @@ class KubernetesBackend:
         except (KubernetesError, ValidationError, OSError, TransportError) as err:
             # what a pool learns never costs the job its telemetry (e.g. a chart older than the learning,
             # whose RBAC cannot patch GPUPool status): said in the API's log, the batch goes on
+            log.warning("pool %s did not learn from job %s's profiler window: %s", plan.pool, job.id, err)
+            return None
+        return said
+
+    def learn_efficiency(self, session: Session, job: Job, step_seconds: float, exposed_comm_seconds: float,
+                         at: float) -> str | None:
+        """Fold a window's measured compute into the GPUPool the job was planned on, where it learns: a merge
+        patch of status.measuredEfficiency (as learn_links does with status.measuredLinks)."""
+        plan = job.job_plan
+        if plan is None or not learns_efficiency(plan):
+            return None
+        try:
+            found = self.cluster.get("GPUPool", None, plan.pool)
+            if found is None:  # a pool described to the API, not a GPUPool
+                return learn_efficiency(session, job, step_seconds, exposed_comm_seconds, at)
+            pool = ResolvedPool.of(found)
+            if pool.spec is None or not pool.spec.learn_links:
+                return None
+            measured = pool.efficiency.model_dump(by_alias=True) if pool.efficiency else None
+            learnt = efficiency_learnt(job, plan.pool, pool.spec.gpu, measured, pool.planner_pool(), step_seconds,
+                                       exposed_comm_seconds, at)
+            if learnt is None:
+                return None
+            efficiency, said = learnt
+            written = MeasuredEfficiency.model_validate(efficiency).model_dump(by_alias=True, mode="json",
+                                                                               exclude_none=True)
+            self.cluster.patch_status("GPUPool", None, plan.pool, {"measuredEfficiency": written})
+        except (KubernetesError, ValidationError, OSError, TransportError) as err:
             log.warning("pool %s did not learn from job %s's profiler window: %s", plan.pool, job.id, err)
             return None
         return said

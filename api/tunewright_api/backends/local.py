@@ -33,7 +33,7 @@ from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
 from tunewright_api.services import telemetry
-from tunewright_api.services.plans import learn_links, plan_on, profile_for
+from tunewright_api.services.plans import learn_efficiency, learn_links, plan_on, profile_for
 from tunewright_api.settings import Settings
 from tunewright_api.states import TERMINAL, transition
 from tunewright_core.jobconfig import runtime_config
@@ -143,6 +143,10 @@ class LocalBackend:
 
     def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
         return learn_links(session, job, transfer_seconds, at)  # the described pool of the plan's name
+
+    def learn_efficiency(self, session: Session, job: Job, step_seconds: float, exposed_comm_seconds: float,
+                         at: float) -> str | None:
+        return learn_efficiency(session, job, step_seconds, exposed_comm_seconds, at)
 
     def plan(self, spec: FineTuneJobSpec, train: StoredFile) -> Planned:
         settings = self.settings
@@ -293,7 +297,7 @@ class LocalBackend:
         run_dir = Path(job.run_dir)
         # what the run measured but the API missed (down, or slow, as the run ended) is in its metrics file
         recovered = telemetry.recover(session=session, job=job, path=self._metrics_file(job),
-                                      data_dir=self.settings.data_dir, learn=self.learn_links)
+                                      data_dir=self.settings.data_dir, learn=self)
         if recovered:
             add_event(session, job, f"{recovered} records of the run that never reached the API were read from "
                                     "its metrics file")

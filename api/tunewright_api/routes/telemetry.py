@@ -30,7 +30,7 @@ def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep, request: Req
     if (refusal := refusal_of_batch(accepted, rejected)) is not None:
         raise ApiError(422, refusal, "records", "no_valid_record")
     telemetry.ingest(session=session, job=job, records=accepted, data_dir=request.app.state.settings.data_dir,
-                     learn=request.app.state.backend.learn_links)
+                     learn=request.app.state.backend)
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])
 
 

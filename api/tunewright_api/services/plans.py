@@ -133,20 +133,31 @@ def learn_efficiency(session: Session, job: Job, step_seconds: float, exposed_co
     pool = session.exec(select(GpuPool).where(GpuPool.name == plan.pool).with_for_update()).first()
     if pool is None or not pool.learn_links:
         return None
+    learnt = efficiency_learnt(job, pool.name, pool.gpu, pool.measured_efficiency, pool_of(pool), step_seconds,
+                               exposed_comm_seconds, at)
+    if learnt is None:
+        return None
+    pool.measured_efficiency, said = learnt
+    session.add(pool)
+    return said
+
+
+def efficiency_learnt(job: Job, pool_name: str, gpu: str, measured: dict | None, pool: Pool, step_seconds: float,
+                      exposed_comm_seconds: float, at: float) -> tuple[dict, str] | None:
+    """A pool's measured efficiency with the job's window folded in, and what was learnt; None where the
+    window teaches nothing (described pools and GPUPools alike)."""
+    plan = job.job_plan
+    if plan is None or not learns_efficiency(plan):
+        return None
     spec = FineTuneJobSpec.model_validate(job.spec)
     try:
         profile = profile_for(spec.model.source, param="model.source")
     except ApiError:
         return None  # the model's config is gone since the plan: nothing to compare the window with
     cal, _ = calibration.load()
-    catalog = catalog_compute_seconds(plan, workload(spec, profile, dataset_tokens=1), pool_of(pool), cal)
-    learnt = learnt_efficiency(plan, pool.name, pool.gpu, pool.measured_efficiency, catalog, step_seconds,
-                               exposed_comm_seconds, job.id, at)
-    if learnt is None:
-        return None
-    pool.measured_efficiency, said = learnt
-    session.add(pool)
-    return said
+    catalog = catalog_compute_seconds(plan, workload(spec, profile, dataset_tokens=1), pool, cal)
+    return learnt_efficiency(plan, pool_name, gpu, measured, catalog, step_seconds, exposed_comm_seconds, job.id,
+                             at)
 
 
 def plan_on(*, spec: FineTuneJobSpec, profile: ModelProfile, pool: Pool, dataset_tokens: int | None,

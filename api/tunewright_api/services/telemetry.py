@@ -7,8 +7,8 @@ import hmac
 import io
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from sqlmodel import Session, delete, func, select, update
 
@@ -77,19 +77,36 @@ def hold_unfinished(session: Session, job: Job) -> None:
     session.refresh(job)
 
 
-LinkLearner = Callable[[Session, Job, float, float], str | None]  # the backend's learn_links
+class PoolLearner(Protocol):
+    """Where a job's profiler windows teach its pool (the backend: a described pool, or a GPUPool)."""
+
+    def learn_links(self, session: Session, job: Job, transfer_seconds: float, at: float) -> str | None: ...
+
+    def learn_efficiency(self, session: Session, job: Job, step_seconds: float, exposed_comm_seconds: float,
+                         at: float) -> str | None: ...
+
+
+class DescribedPools:
+    """The pools described to the API (`/v1/pools`)."""
+
+    learn_links = staticmethod(learn_links)
+    learn_efficiency = staticmethod(learn_efficiency)
+
+
+DESCRIBED_POOLS = DescribedPools()
 
 
 def ingest(*, session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path,
-           learn: LinkLearner = learn_links) -> None:
+           learn: PoolLearner = DESCRIBED_POOLS) -> None:
     """Apply a batch in one transaction: progress, metric points, events, checkpoints; at the end, the
-    results file (OpenAI's `result_files`). `learn` folds a profiler window into the job's pool."""
+    results file (OpenAI's `result_files`). `learn` folds a profiler window into the job's pool
+    (the backend)."""
     hold_unfinished(session, job)
     apply_all(session, job, records, data_dir, learn)
     session.commit()
 
 
-def recover(*, session: Session, job: Job, path: Path, data_dir: Path, learn: LinkLearner = learn_links) -> int:
+def recover(*, session: Session, job: Job, path: Path, data_dir: Path, learn: PoolLearner = DESCRIBED_POOLS) -> int:
     """Apply the records of the run's metrics file (`path`, what the run wrote as it emitted them) that never
     reached the API, e.g. the last ones and the end of a run that ended while the API was down: how many.
     Applies each once however often it runs (`missed`); the caller commits, before ending the job."""
@@ -135,7 +152,7 @@ def missed(session: Session, job: Job, records: list[TelemetryRecord]) -> list[T
 
 
 def apply_all(session: Session, job: Job, records: list[TelemetryRecord], data_dir: Path,
-              learn: LinkLearner) -> None:
+              learn: PoolLearner) -> None:
     for record in records:
         apply(session, job, record, learn)
     session.add(job)
@@ -168,7 +185,7 @@ def keep_within_caps(session: Session, job: Job) -> None:
                                             JobEvent.id <= last))
 
 
-def apply(session: Session, job: Job, record: TelemetryRecord, learn: LinkLearner = learn_links) -> None:
+def apply(session: Session, job: Job, record: TelemetryRecord, learn: PoolLearner = DESCRIBED_POOLS) -> None:
     match record:
         case StartRecord():
             job.total_steps = record.total_steps
@@ -193,11 +210,11 @@ def apply(session: Session, job: Job, record: TelemetryRecord, learn: LinkLearne
                                     f"({record.comm_share_exposed:.1%} exposed)", type_="metrics", data=job.comm)
             transfer = (record.transfer_seconds_per_step if record.transfer_seconds_per_step is not None
                         else record.comm_seconds_per_step)
-            if (learnt := learn(session, job, transfer, record.time)) is not None:
+            if (learnt := learn.learn_links(session, job, transfer, record.time)) is not None:
                 add_event(session, job, learnt)
             # the window's own step: less what opening and closing the profiler cost it
             step_seconds = record.profiled_step_seconds - (record.window_cost_seconds or 0.0) / record.profiled_steps
-            if (learnt := learn_efficiency(session, job, step_seconds, record.exposed_comm_seconds_per_step,
+            if (learnt := learn.learn_efficiency(session, job, step_seconds, record.exposed_comm_seconds_per_step,
                                            record.time)) is not None:
                 add_event(session, job, learnt)
         case EvalRecord():

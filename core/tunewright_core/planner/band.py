@@ -6,7 +6,7 @@ errors on runs the model was not fitted on, widened where the plan extrapolates 
   model sizes, GPU counts and clusters than the fit set).
 
 The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
-run measured, more GPUs than the largest published run, a network no published run used, sequences longer
+run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
 than the fit's, or LoRA on several GPUs (every published run is full fine-tuning). `basis` says which.
 """
 
@@ -22,6 +22,7 @@ MEASURED_ONE_GPU = "H200"
 # borrow the nearest chip's (calibration.EFFICIENCY_OF)
 MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
+LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,23 @@ class Band:
         return (value / self.high, value / self.low) if inverse else (value * self.low, value * self.high)
 
 
-def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len: int, method: str) -> Band:
-    """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node)."""
+def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len: int, method: str,
+         learned_windows: int = 0) -> Band:
+    """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node); the GPU's
+    efficiency learned over `learned_windows` profiler windows of the pool's own jobs (0: the catalog's)."""
     one_measured_gpu = gpus == 1 and gpu == MEASURED_ONE_GPU
     low, high = evidence.one_gpu if one_measured_gpu else evidence.published
     basis = (f"{evidence.one_gpu_rows} one-GPU H200 runs held out of the calibration" if one_measured_gpu else
              f"{evidence.published_rows} published multi-GPU runs held out of the fit (other frameworks, sizes, "
              "GPU counts and clusters)")
     widen, reasons = 1.0, []
-    if gpu not in MEASURED_CHIPS:
+    if learned_windows:
+        basis += (f"; the {gpu}'s compute efficiency as {learned_windows} profiler window"
+                  f"{'s' if learned_windows != 1 else ''} of this pool's jobs measured it")
+    if gpu not in MEASURED_CHIPS and learned_windows < LEARNED_ENOUGH:
         widen *= UNMEASURED_GPU
-        reasons.append(f"no run measured a {gpu}")
+        reasons.append(f"no run measured a {gpu}" + (f" but {learned_windows} window{'s' if learned_windows != 1 else ''}"
+                                                      " of this pool's jobs" if learned_windows else ""))
     if gpus > evidence.largest_gpu_count:
         widen *= 1 + BEYOND_LARGEST * math.log2(gpus / evidence.largest_gpu_count)
         reasons.append(f"{gpus} GPUs, beyond the largest published run ({evidence.largest_gpu_count})")

@@ -22,6 +22,7 @@ class GPU:
     host_bytes_per_s: float  # host <-> GPU copies of pinned memory, per GPU, each direction (PCIe)
     matmul_efficiency: float = 0.5
     memory_efficiency: float = 0.6
+    learned_windows: int = 0  # profiler windows of a pool's own jobs its efficiencies come from (0: the catalog's)
 
     def calibrated(self, **measured: float) -> GPU:
         changes: dict[str, Any] = measured  # float fields only; replace() types each field's keyword
@@ -174,9 +175,9 @@ def fold_efficiency(previous: dict | None, gpu: str, factor: float, job_id: str,
 
 
 def learned_gpu(gpu: GPU, catalog_key: str, measured: dict | None) -> GPU:
-    """The catalog's GPU, or its efficiencies times the factor the pool's runs measured on that GPU type.
-    The name stays the catalog key: the prediction band and the catalog look GPUs up by it."""
+    """The catalog's GPU, or its efficiencies times the factor the pool's runs measured on that GPU type,
+    with how many windows said so. The name stays the catalog key: the catalog looks GPUs up by it."""
     if not measured or measured.get("gpu") != catalog_key:
         return gpu
-    return gpu.calibrated(matmul_efficiency=gpu.matmul_efficiency * measured["factor"],
-                          memory_efficiency=gpu.memory_efficiency * measured["factor"])
+    return replace(gpu, matmul_efficiency=gpu.matmul_efficiency * measured["factor"],
+                   memory_efficiency=gpu.memory_efficiency * measured["factor"], learned_windows=measured["windows"])
