@@ -169,7 +169,7 @@ def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
     rows = []
     for m in gpu_bound:
         w, lay, p = m.workload, m.layout, m.workload.model
-        tokens, again = lay.micro_batch * w.seq_len, recompute_factor(lay)
+        tokens, again = lay.micro_batch * w.seq_len, recompute_factor(lay, w.model.layers)
         lora = w.method == "lora"
         modules = p.layers * p.linear_modules_per_layer
         traffic = tokens * p.layers * p.hidden * again / bandwidth

@@ -183,7 +183,7 @@ def errors(data: list[Row], cal: Calibration, h200: GPU, constants: ScaleConstan
         out.append({"id": row.id, "held_out": row.held_out, "gpu": row.gpu_name, "gpus": row.layout.gpus,
                     "model": row.workload.model.name, "seq_len": row.workload.seq_len,
                     "micro_batch": row.layout.micro_batch,
-                    "checkpointing": row.layout.checkpointed_share,
+                    "checkpointing": row.layout.checkpointed_share(row.workload.model.layers),
                     "measured": row.tokens_per_second_per_gpu, "predicted": tps,
                     "error": tps / row.tokens_per_second_per_gpu - 1, "exposed_comm_share": e.exposed_comm_share,
                     "assumed_network": row.assumed_network, "derived_from_mfu": row.derived_from_mfu,

@@ -639,3 +639,12 @@ def test_weights_stay_gathered_until_backward_where_the_network_is_slow_and_memo
                                           chosen.grad_accum, chosen.activation_checkpointing, chosen.shard_group,
                                           reshard_after_forward=r), p, CAL) for r in (False, True))
     assert kept.comm_seconds < resharded.comm_seconds and kept.peak_memory_bytes > resharded.peak_memory_bytes
+
+
+@pytest.mark.parametrize(("layers", "every", "share"), [(32, 1, 1.0), (32, 2, 0.5), (27, 2, 14 / 27), (27, 4, 7 / 27),
+                                                          (3, 5, 1 / 3)])
+def test_the_checkpointed_blocks_are_those_the_runtime_wraps(layers, every, share):
+    """The runtime checkpoints the 1st, (N+1)-th, ... block: ceil(layers / N) of them, not layers / N."""
+    layout = Layout("single", 1, 1, 1, 1, True, checkpoint_every=every)
+    assert layout.checkpointed_share(layers) == pytest.approx(share)
+    assert Layout("single", 1, 1, 1, 1, False, checkpoint_every=every).checkpointed_share(layers) == 0.0

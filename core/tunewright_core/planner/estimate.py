@@ -11,6 +11,7 @@ token, efficiencies) live in `Calibration`, fitted to measured runs (calibration
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tunewright_core.planner.comm import Group, UnitBytes, UnitCompute, step_comm
@@ -61,10 +62,10 @@ class Layout:
     def replicas(self) -> int:
         return self.gpus // self.shard_group
 
-    @property
-    def checkpointed_share(self) -> float:
-        """The share of blocks whose activations are recomputed in backward."""
-        return 1 / self.checkpoint_every if self.activation_checkpointing else 0.0
+    def checkpointed_share(self, layers: int) -> float:
+        """The share of the `layers` blocks whose activations are recomputed in backward: the runtime wraps
+        the 1st, (N+1)-th, ... block, ceil(layers / N) of them."""
+        return math.ceil(layers / self.checkpoint_every) / layers if self.activation_checkpointing else 0.0
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
     if layout.activation_checkpointing:
         # a checkpointed block keeps its input (bf16), the others all their activations; one block's alive
         # while it is recomputed
-        checkpointed = m.layers * layout.checkpointed_share
+        checkpointed = m.layers * layout.checkpointed_share(m.layers)
         layers = tokens * checkpointed * BF16 * m.hidden + (m.layers - checkpointed) * per_layer + per_layer
     else:
         layers = m.layers * per_layer
@@ -276,7 +277,7 @@ def matmul_flops(w: Workload, layout: Layout) -> float:
     backward = dense + 2 * attention + (dense if w.method == "full" else 6 * w.trainable_params)
     # the forward again, for the checkpointed share of the blocks (the head is not recomputed; the committed
     # calibration was fitted counting it, and refitting without it moved single runs' errors both ways)
-    recompute = forward * layout.checkpointed_share
+    recompute = forward * layout.checkpointed_share(m.layers)
     return tokens * (forward + backward + recompute)
 
 
@@ -291,8 +292,8 @@ def head_flops(w: Workload, layout: Layout) -> tuple[float, float]:
     return forward, forward * (2 if w.method == "full" else 1)
 
 
-def recompute_factor(layout: Layout) -> float:
-    return 1 + layout.checkpointed_share / 3  # the forward's third of the blocks' work runs twice
+def recompute_factor(layout: Layout, layers: int) -> float:
+    return 1 + layout.checkpointed_share(layers) / 3  # the forward's third of the blocks' work runs twice
 
 
 def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
@@ -302,7 +303,7 @@ def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     lora = 0.0
     if w.adapters:
         lora = tokens * m.layers * m.linear_modules_per_layer * cal.lora_traffic_bytes_per_hidden * m.hidden
-    return (layers + lora) * recompute_factor(layout) + tokens * m.vocab * cal.traffic_bytes_per_vocab
+    return (layers + lora) * recompute_factor(layout, m.layers) + tokens * m.vocab * cal.traffic_bytes_per_vocab
 
 
 def lora_modules(w: Workload) -> int:
@@ -312,7 +313,7 @@ def lora_modules(w: Workload) -> int:
 def fixed_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
     """Per micro-batch time that does not grow with tokens: kernel launches and latency-bound kernels."""
     return (w.model.layers * cal.seconds_per_layer + lora_modules(w) * cal.seconds_per_lora_module) \
-        * recompute_factor(layout)
+        * recompute_factor(layout, w.model.layers)
 
 
 def host_floor_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
