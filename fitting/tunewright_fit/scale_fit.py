@@ -6,7 +6,10 @@ pool, and the planner's `estimate` predicts its tokens/s per GPU. What the rows 
 
 - each GPU type's compute efficiency relative to the H200's measured one (our runs), one factor per chip
   (`GPU_FAMILIES`): the published frameworks' kernels on that chip, not ours;
-- `sync_jitter`: the step-time jitter whose maximum over n ranks every step waits for.
+- `sync_jitter`: the step-time jitter whose maximum over n ranks every step waits for;
+- `comm_interference`: what collectives overlapped with compute still cost it (SMs and HBM they share),
+  fitted with the jitter on the fit set's weak scaling (each series' throughput at its largest GPU count
+  over its smallest) as well as its rows.
 
 The fit set is one source (MosaicML's llm-foundry tables, 8-128 GPUs); every other source (torchtitan,
 IBM's fms-fsdp and PyTorch blogs, KempnerForge) is held out and only checked. Their errors (measured over
@@ -147,10 +150,14 @@ def rows(path: Path = PUBLISHED) -> list[Row]:
     return out
 
 
+RISING = 1.01  # a series whose published throughput per GPU rises more than this with its GPU count
+
+
 @dataclass(frozen=True)
 class ScaleConstants:
     efficiency: dict[str, float]  # per chip family: its compute efficiency over the H200's measured one
     sync_jitter: float
+    comm_interference: float  # the share of the overlapped collectives' time they still cost the compute
 
 
 def pool_for(row: Row, h200: GPU, constants: ScaleConstants) -> Pool:
@@ -165,7 +172,7 @@ def pool_for(row: Row, h200: GPU, constants: ScaleConstants) -> Pool:
 def published_calibration(cal: Calibration, constants: ScaleConstants) -> Calibration:
     """The published frameworks fuse their blocks (flash attention, fused norms) whatever the MLP: every
     model takes the per-hidden rates of our fused Llama blocks, not those of the unfused GPT-2 ones."""
-    return replace(cal, sync_jitter=constants.sync_jitter,
+    return replace(cal, sync_jitter=constants.sync_jitter, comm_interference=constants.comm_interference,
                    act_bytes_per_hidden=dict.fromkeys(cal.act_bytes_per_hidden, cal.act_bytes_per_hidden["llama"]),
                    traffic_bytes_per_hidden=dict.fromkeys(cal.traffic_bytes_per_hidden,
                                                           cal.traffic_bytes_per_hidden["llama"]))
@@ -195,33 +202,52 @@ def _loss(found: list[dict]) -> float:
     return statistics.fmean(math.log1p(r["error"]) ** 2 for r in found)
 
 
+def _scaling_loss(found: list[dict]) -> float:
+    """The squared log error of each series' weak scaling, where published throughput does not rise with
+    the GPU count (a rise is the tables' other settings, no communication effect)."""
+    series = [s for s in weak_scaling(found) if s["measured"] <= RISING]
+    return statistics.fmean(math.log(s["predicted"] / s["measured"]) ** 2 for s in series) if series else 0.0
+
+
+def _golden(loss, low: float, high: float, steps: int) -> float:
+    for _ in range(steps):
+        a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
+        if loss(a) < loss(b):
+            high = b
+        else:
+            low = a
+    return (low + high) / 2
+
+
+def _efficiencies(fit_set: list[Row], cal: Calibration, h200: GPU, jitter: float, interference: float
+                  ) -> ScaleConstants:
+    """Per chip family, the efficiency factor that minimizes the squared log error of its rows."""
+    efficiency = {}
+    for family in sorted({r.family for r in fit_set}):
+        rows_of = [r for r in fit_set if r.family == family]
+        efficiency[family] = _golden(lambda f, rows_of=rows_of, family=family: _loss(errors(
+            rows_of, cal, h200, ScaleConstants({family: f}, jitter, interference))), 0.2, 1.5, 30)
+    return ScaleConstants(efficiency, jitter, interference)
+
+
 def fit(data: list[Row], cal: Calibration, h200: GPU) -> ScaleConstants:
-    """Per chip family the efficiency factor, and the jitter, that minimize the squared log error on the
-    fit set: a grid over the jitter, a golden-section search per family inside it."""
+    """The constants that fit the fit set's rows and its weak scaling: per chip family the efficiency factor
+    (the rows' level), the jitter and the interference of overlapped collectives (how throughput falls
+    with the GPU count). A grid over the jitter; inside it, a golden-section search over the interference,
+    each point with its own per-family efficiencies."""
     fit_set = [r for r in data if not r.held_out]
-    families = sorted({r.family for r in fit_set})
-    best = None
+
+    def total(constants: ScaleConstants) -> float:
+        found = errors(fit_set, cal, h200, constants)
+        return _loss(found) + _scaling_loss(found)
+
+    candidates = []
     for jitter in (0.0, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03):
-        efficiency = {}
-        for family in families:
-            rows_of = [r for r in fit_set if r.family == family]
-
-            def loss(f, rows_of=rows_of, family=family, jitter=jitter):
-                return _loss(errors(rows_of, cal, h200, ScaleConstants({family: f}, jitter)))
-
-            low, high = 0.2, 1.5
-            for _ in range(40):
-                a, b = low + (high - low) * 0.382, low + (high - low) * 0.618
-                if loss(a) < loss(b):
-                    high = b
-                else:
-                    low = a
-            efficiency[family] = (low + high) / 2
-        constants = ScaleConstants(efficiency, jitter)
-        total = _loss(errors(fit_set, cal, h200, constants))
-        if best is None or total < best[0]:
-            best = (total, constants)
-    return best[1]
+        interference = _golden(lambda x, jitter=jitter: total(_efficiencies(fit_set, cal, h200, jitter, x)),
+                               0.0, 0.6, 16)
+        constants = _efficiencies(fit_set, cal, h200, jitter, interference)
+        candidates.append((total(constants), constants))
+    return min(candidates, key=lambda candidate: candidate[0])[1]
 
 
 def weak_scaling(found: list[dict]) -> list[dict]:
@@ -272,7 +298,7 @@ def _quantile(values: list[float], q: float) -> float:
 def one_gpu_ratios() -> dict:
     """Measured over predicted tokens/s (predicted over measured step time) on the committed one-GPU H200
     runs held out of their fit: the band of a plan on one measured GPU."""
-    from tunewright_core.planner import calibration_fit
+    from tunewright_fit import calibration_fit
 
     results = ROOT / "benchmarks" / "results"
     cal, h200 = load()
@@ -289,6 +315,7 @@ def save(path: Path, constants: ScaleConstants, data: list[Row], found: list[dic
     path.write_text(json.dumps({
         "source": "benchmarks/published/multi_gpu_runs.json", "fit_framework": FIT_FRAMEWORK,
         "efficiency_over_h200": constants.efficiency, "sync_jitter": constants.sync_jitter,
+        "comm_interference": constants.comm_interference,
         "held_out": {k: s["held_out"][k] for k in ("rows", "median_error", "median_abs_error", "max_abs_error",
                                                     "p10_ratio", "p90_ratio")},
         "fit": {k: s["fit"][k] for k in ("rows", "median_abs_error", "max_abs_error")},
@@ -311,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         constants = fit(data, cal, h200)
     else:
         committed = json.loads(SCALE_FILE.read_text())
-        constants = ScaleConstants(committed["efficiency_over_h200"], committed["sync_jitter"])
+        constants = ScaleConstants(committed["efficiency_over_h200"], committed["sync_jitter"],
+                                   committed["comm_interference"])
     found = errors(data, cal, h200, constants)
     if args.command == "fit":
         save(args.out, constants, data, found)

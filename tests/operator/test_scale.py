@@ -17,7 +17,8 @@ COMMITTED = json.loads(scale_fit.SCALE_FILE.read_text())
 @pytest.fixture(scope="module")
 def found() -> list[dict]:
     cal, h200 = calibration.load()
-    constants = scale_fit.ScaleConstants(COMMITTED["efficiency_over_h200"], COMMITTED["sync_jitter"])
+    constants = scale_fit.ScaleConstants(COMMITTED["efficiency_over_h200"], COMMITTED["sync_jitter"],
+                                         COMMITTED["comm_interference"])
     return scale_fit.errors(scale_fit.rows(), cal, h200, constants)
 
 
@@ -27,6 +28,7 @@ def test_the_committed_constants_are_the_fit_of_the_published_runs():
     fitted = scale_fit.fit(scale_fit.rows(), cal, h200)
     assert fitted.efficiency == pytest.approx(COMMITTED["efficiency_over_h200"], rel=1e-6)
     assert fitted.sync_jitter == COMMITTED["sync_jitter"]
+    assert fitted.comm_interference == pytest.approx(COMMITTED["comm_interference"], rel=1e-6)
 
 
 def test_the_fit_set_and_the_held_out_runs_come_from_different_sources(found):
@@ -52,7 +54,7 @@ def test_scaling_losses_come_with_exposed_communication_and_weak_scaling_follows
     """Where published per-GPU throughput falls by more than 5% from a series' smallest GPU count to its
     largest, the model exposes more communication at the largest (the first gathers are exposed at any
     count: more than zero alone would say nothing); where it does not rise (a rise is no communication
-    effect: the tables' other settings), the predicted ratio is within 0.035 of the published one. The
+    effect: the tables' other settings), the predicted ratio is within 0.03 of the published one. The
     series are llm-foundry's but one (KempnerForge, 2 to 4 GPUs): the held-out sources publish one GPU count
     per setting, their scaling is checked by their rows' errors above."""
     series = scale_fit.weak_scaling(found)
@@ -60,8 +62,8 @@ def test_scaling_losses_come_with_exposed_communication_and_weak_scaling_follows
     for s in series:
         if s["measured"] < 0.95:
             assert s["exposed_at_largest"] > s["exposed_at_smallest"], s
-        if s["measured"] <= 1.01:
-            assert abs(s["predicted"] - s["measured"]) <= 0.035, s
+        if s["measured"] <= scale_fit.RISING:
+            assert abs(s["predicted"] - s["measured"]) <= 0.03, s
 
 
 EVIDENCE = Evidence(one_gpu=(0.94, 1.28), published=(0.96, 1.21), published_rows=28, one_gpu_rows=9,

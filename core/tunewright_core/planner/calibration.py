@@ -35,9 +35,11 @@ EFFICIENCY_OF = {"H100": "H100", "A100-80GB": "A100", "A100-40GB": "A100", "A10G
 
 @lru_cache(maxsize=8)
 def _read(path: Path) -> tuple[Calibration, GPU]:
-    """The constants, with the step-time jitter the published multi-GPU runs fitted."""
-    data = json.loads(path.read_text())
-    return replace(Calibration(**data["calibration"]), sync_jitter=_scale(SCALE_FILE)["sync_jitter"]), GPU(**data["gpu"])
+    """The constants, with the multi-GPU terms the published runs fitted (step-time jitter, interference of
+    overlapped collectives)."""
+    data, scale = json.loads(path.read_text()), _scale(SCALE_FILE)
+    return (replace(Calibration(**data["calibration"]), sync_jitter=scale["sync_jitter"],
+                    comm_interference=scale["comm_interference"]), GPU(**data["gpu"]))
 
 
 @lru_cache(maxsize=2)
