@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import secrets
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from pydantic import Field as PydanticField
 from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
 from sqlmodel import Field, Session, SQLModel
@@ -54,13 +54,15 @@ class TokenCreate(BaseModel):
 
 
 class TokenPublic(SQLModel):
+    """An API token of a tenant's (never its secret, but once: in the answer that creates it)."""
+
     id: str
     object: str = "token"
-    tenant: str
+    tenant: str = Field(description="The tenant's name: what the token may see and do.")
     name: str = ""
-    admin: bool = False
+    admin: bool = Field(default=False, description="Whether it may manage tokens and pools.")
     created_at: datetime
-    token: str | None = None  # the secret: shown once, when created
+    token: str | None = Field(default=None, description="The secret: shown once, when created; null after.")
 
 
 # --- files -------------------------------------------------------------------------------------------
@@ -84,16 +86,19 @@ class StoredFile(SQLModel, table=True):
 
 
 class FilePublic(SQLModel):
+    """An uploaded dataset (or a job's results file), in OpenAI's file shape with tunewright's fields."""
+
     id: str
     object: str = "file"
     bytes: int
-    created_at: int
+    created_at: int = Field(description="Unix seconds.")
     filename: str
-    purpose: str
+    purpose: str = Field(description="fine-tune (uploads) or fine-tune-results (a job's metrics CSV).")
     status: str = "processed"
-    format: str
-    examples: int
-    sha256: str | None = None
+    format: str = Field(description="The records' format as validated: chat, prompt_completion, text; csv "
+                                    "for a results file.")
+    examples: int = Field(description="Records in the file (rows for a results file).")
+    sha256: str | None = Field(default=None, description="Of the bytes uploaded; null for a file the API made.")
 
     @classmethod
     def of(cls, f: StoredFile) -> FilePublic:
@@ -147,6 +152,8 @@ class Job(SQLModel, table=True):
 
 
 class JobPublic(SQLModel):
+    """A job as the native API shows it: its spec, its plan, its progress and what was measured so far."""
+
     id: str
     object: str = "tunewright.job"
     status: str
@@ -154,12 +161,13 @@ class JobPublic(SQLModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    spec: dict[str, Any]
+    spec: dict[str, Any] = Field(description="The FineTuneJobSpec the job runs (camelCase, unset fields left out).")
     plan: JobPlan | None
     progress: JobProgress
     telemetry: JobTelemetry
-    result: dict[str, Any] | None
-    error: dict[str, str] | None
+    result: dict[str, Any] | None = Field(description="What the run reported at its end (final loss; export: where "
+                                                      "the adapter or model went); null until it ends.")
+    error: dict[str, str] | None = Field(description="{code, message} once it failed; null otherwise.")
 
     @classmethod
     def of(cls, job: Job) -> JobPublic:
@@ -209,10 +217,17 @@ class Checkpoint(SQLModel, table=True):
     created_at: datetime = Field(default_factory=now)
 
 
-class ListEnvelope(SQLModel):
+Item = TypeVar("Item")
+
+
+class ListEnvelope(BaseModel, Generic[Item]):
+    """A list, in OpenAI's shape; each list the API answers is one of these by name (`FileList`, ...)."""
+
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # every key in every answer
     object: str = "list"
-    data: list[Any]
-    has_more: bool = False
+    data: list[Item]
+    has_more: bool = PydanticField(default=False, description="Whether more follow this page (a paged list: `after` "
+                                                              "takes the last id of this one).")
 
 
 # --- pools -------------------------------------------------------------------------------------------

@@ -6,8 +6,9 @@ from fastapi import APIRouter, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse
 
 from tunewright_api.auth import CurrentTenant, SessionDep
-from tunewright_api.models import FilePublic, ListEnvelope
+from tunewright_api.models import FilePublic
 from tunewright_api.routes.links import links_from
+from tunewright_api.schemas import Deleted, FileList, download
 from tunewright_api.services import files
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -28,12 +29,12 @@ def upload(request: Request, session: SessionDep, tenant: CurrentTenant, file: U
 @router.get("")
 def list_files(session: SessionDep, tenant: CurrentTenant, purpose: str | None = None,
                sha256: Annotated[str | None, Query(pattern=r"^[0-9a-fA-F]{64}$")] = None, after: str | None = None,
-               limit: Annotated[int, Query(ge=1, le=10000)] = 10000) -> ListEnvelope:
+               limit: Annotated[int, Query(ge=1, le=10000)] = 10000) -> FileList:
     """Newest first (OpenAI's defaults); `after` a file id: the page of older ones; `sha256`: the uploads of
     exactly these bytes (a client finds what it already uploaded)."""
     page, more = files.page_of_files(session=session, tenant=tenant, purpose=purpose, sha256=sha256, after=after,
                                      limit=limit)
-    return ListEnvelope(data=[FilePublic.of(f) for f in page], has_more=more)
+    return FileList(data=[FilePublic.of(f) for f in page], has_more=more)
 
 
 @router.get("/{file_id}")
@@ -41,7 +42,8 @@ def get_file(file_id: str, session: SessionDep, tenant: CurrentTenant) -> FilePu
     return FilePublic.of(files.owned_file(session=session, tenant=tenant, file_id=file_id))
 
 
-@router.get("/{file_id}/content")
+@router.get("/{file_id}/content", response_class=FileResponse, responses=download(
+    "The file's bytes: a dataset as uploaded (JSONL), or a job's results (CSV).", "application/jsonl", "text/csv"))
 def file_content(file_id: str, session: SessionDep, tenant: CurrentTenant) -> FileResponse:
     f = files.owned_file(session=session, tenant=tenant, file_id=file_id)
     return FileResponse(f.path, media_type="text/csv" if f.format == "csv" else "application/jsonl",
@@ -49,6 +51,6 @@ def file_content(file_id: str, session: SessionDep, tenant: CurrentTenant) -> Fi
 
 
 @router.delete("/{file_id}")
-def delete_file(file_id: str, session: SessionDep, tenant: CurrentTenant) -> dict:
+def delete_file(file_id: str, session: SessionDep, tenant: CurrentTenant) -> Deleted:
     files.delete(session=session, tenant=tenant, file_id=file_id)
-    return {"id": file_id, "object": "file", "deleted": True}
+    return Deleted(id=file_id, object="file")

@@ -15,16 +15,24 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Job, ListEnvelope
+from tunewright_api.models import Job
 from tunewright_api.routes.links import links_from
+from tunewright_api.schemas import (
+    CheckpointList,
+    EventList,
+    FineTuningJob,
+    FineTuningJobError,
+    FineTuningJobList,
+    Method,
+    OpenAIHyperparameters,
+    Supervised,
+    TunewrightExtras,
+)
 from tunewright_api.services import jobs
 from tunewright_core.spec import (
     DEFAULT_EPOCHS,
     DEFAULT_GLOBAL_BATCH,
     FineTuneJobSpec,
-    JobPlan,
-    JobProgress,
-    JobTelemetry,
     MethodType,
     Printable,
     Strategy,
@@ -32,21 +40,6 @@ from tunewright_core.spec import (
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine_tuning (OpenAI-compatible)"])
 BASE_LEARNING_RATE = {"lora": 2e-4, "full": 2e-5}  # learning_rate_multiplier scales these
-
-
-class OpenAIHyperparameters(BaseModel):
-    n_epochs: int | Literal["auto"] = "auto"
-    batch_size: int | Literal["auto"] = "auto"
-    learning_rate_multiplier: float | Literal["auto"] = "auto"
-
-
-class Supervised(BaseModel):
-    hyperparameters: OpenAIHyperparameters = Field(default_factory=OpenAIHyperparameters)
-
-
-class Method(BaseModel):
-    type: Literal["supervised"] = "supervised"
-    supervised: Supervised = Field(default_factory=Supervised)
 
 
 class LoraOptions(BaseModel):
@@ -112,14 +105,6 @@ def to_spec(body: FineTuningJobCreate, dataset_format: str) -> FineTuneJobSpec:
         raise ApiError(422, first["msg"], ".".join(str(p) for p in first["loc"]), "invalid_value") from None
 
 
-class TunewrightExtras(BaseModel):
-    """tunewright's own view of the job, beside OpenAI's fields (the native route's shapes)."""
-
-    plan: JobPlan | None
-    progress: JobProgress
-    telemetry: JobTelemetry
-
-
 def fine_tuned_model_name(job: Job) -> str:
     """OpenAI's shape (ft:base:suffix:id), a name and not a path: the files are at GET /v1/jobs/{id}/artifacts
     (`tunewright download` takes this name or the job id)."""
@@ -127,39 +112,37 @@ def fine_tuned_model_name(job: Job) -> str:
     return ":".join(["ft", base, *([job.suffix] if job.suffix else []), job.id])
 
 
-def openai_job(job: Job) -> dict:
+def openai_job(job: Job) -> FineTuningJob:
     spec = job.spec
     hp = spec.get("hyperparameters", {})
     base = BASE_LEARNING_RATE[spec["method"]["type"]]
-    hyperparameters = {"n_epochs": hp.get("epochs", DEFAULT_EPOCHS),
-                       "batch_size": hp.get("globalBatchSize") or DEFAULT_GLOBAL_BATCH,
-                       "learning_rate_multiplier": hp.get("learningRate", base) / base}
+    hyperparameters = OpenAIHyperparameters(n_epochs=hp.get("epochs", DEFAULT_EPOCHS),
+                                            batch_size=hp.get("globalBatchSize") or DEFAULT_GLOBAL_BATCH,
+                                            learning_rate_multiplier=hp.get("learningRate", base) / base)
     export = (job.result or {}).get("export", {})
     progress = job.progress()
     eta = progress.eta_seconds
-    return {
-        "object": "fine_tuning.job", "id": job.id, "model": job.model, "status": job.status,
-        "created_at": int(job.created_at.timestamp()),
-        "finished_at": int(job.finished_at.timestamp()) if job.finished_at else None,
-        "fine_tuned_model": fine_tuned_model_name(job) if any(export.values()) else None,
-        "organization_id": job.tenant_id, "result_files": (job.result or {}).get("result_files", []),
-        "training_file": spec["dataset"]["train"], "validation_file": spec["dataset"].get("validation"),
-        "hyperparameters": hyperparameters,
-        "method": {"type": "supervised", "supervised": {"hyperparameters": hyperparameters}},
-        "trained_tokens": job.trained_tokens if job.status == "succeeded" else None,
-        "error": {"code": job.error_code, "message": job.error_message, "param": None} if job.error_code else None,
-        "seed": hp.get("seed"), "estimated_finish": int(time.time() + eta) if eta is not None else None,
-        "integrations": None, "metadata": job.job_metadata, "user_provided_suffix": job.suffix,
-        "tunewright": TunewrightExtras(plan=(plan := job.job_plan), progress=progress,
-                                       telemetry=job.telemetry(plan)).model_dump(by_alias=True, mode="json"),
-    }
+    return FineTuningJob(
+        id=job.id, model=job.model, status=job.status, created_at=int(job.created_at.timestamp()),
+        finished_at=int(job.finished_at.timestamp()) if job.finished_at else None,
+        fine_tuned_model=fine_tuned_model_name(job) if any(export.values()) else None,
+        organization_id=job.tenant_id, result_files=(job.result or {}).get("result_files", []),
+        training_file=spec["dataset"]["train"], validation_file=spec["dataset"].get("validation"),
+        hyperparameters=hyperparameters, method=Method(supervised=Supervised(hyperparameters=hyperparameters)),
+        trained_tokens=job.trained_tokens if job.status == "succeeded" else None,
+        error=FineTuningJobError(code=job.error_code, message=job.error_message, param=None) if job.error_code
+        else None,
+        seed=hp.get("seed"), estimated_finish=int(time.time() + eta) if eta is not None else None,
+        metadata=job.job_metadata, user_provided_suffix=job.suffix,
+        tunewright=TunewrightExtras(plan=(plan := job.job_plan), progress=progress, telemetry=job.telemetry(plan)),
+    )
 
 
 @router.post("", responses=links_from(200, "id", "fine_tuning_job_id", *(
     (method, f"/v1/fine_tuning/jobs/{{fine_tuning_job_id}}{tail}")
     for method, tail in (("get", ""), ("post", "/cancel"), ("get", "/events"), ("get", "/checkpoints")))))
 def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, settings: SettingsDep,
-           tenant: CurrentTenant) -> dict:
+           tenant: CurrentTenant) -> FineTuningJob:
     train = jobs.dataset_file(session=session, tenant=tenant, value=body.training_file, param="training_file")
     job = jobs.submit(session=session, backend=backend, tenant=tenant, spec=to_spec(body, train.format),
                       train_param="training_file", validation_param="validation_file", suffix=body.suffix,
@@ -171,32 +154,33 @@ def create(body: FineTuningJobCreate, session: SessionDep, backend: BackendDep, 
 
 @router.get("")
 def list_(session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-          limit: Annotated[int, Query(ge=1, le=100)] = 20) -> ListEnvelope:
+          limit: Annotated[int, Query(ge=1, le=100)] = 20) -> FineTuningJobList:
     page, more = jobs.page_of_jobs(session=session, tenant=tenant, after=after, limit=limit)
-    return ListEnvelope(data=[openai_job(j) for j in page], has_more=more)
+    return FineTuningJobList(data=[openai_job(j) for j in page], has_more=more)
 
 
 @router.get("/{fine_tuning_job_id}")
-def retrieve(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant) -> dict:
+def retrieve(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant) -> FineTuningJob:
     return openai_job(jobs.owned_job(session=session, tenant=tenant, job_id=fine_tuning_job_id,
                                      param="fine_tuning_job_id"))
 
 
 @router.post("/{fine_tuning_job_id}/cancel")
-def cancel(fine_tuning_job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> dict:
+def cancel(fine_tuning_job_id: str, session: SessionDep, backend: BackendDep,
+           tenant: CurrentTenant) -> FineTuningJob:
     return openai_job(jobs.cancel(session=session, backend=backend, tenant=tenant, job_id=fine_tuning_job_id,
                                   param="fine_tuning_job_id", finished_status=400))
 
 
 @router.get("/{fine_tuning_job_id}/events")
 def events(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-           limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> ListEnvelope:
+           limit: Annotated[int, Query(ge=1, le=1000)] = 20) -> EventList:
     return jobs.events_page(session=session, tenant=tenant, job_id=fine_tuning_job_id, param="fine_tuning_job_id",
                             limit=limit, after=after)
 
 
 @router.get("/{fine_tuning_job_id}/checkpoints")
 def list_checkpoints(fine_tuning_job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-                     limit: Annotated[int, Query(ge=1, le=100)] = 10) -> ListEnvelope:
+                     limit: Annotated[int, Query(ge=1, le=100)] = 10) -> CheckpointList:
     return jobs.checkpoints(session=session, tenant=tenant, job_id=fine_tuning_job_id, param="fine_tuning_job_id",
                             limit=limit, after=after)

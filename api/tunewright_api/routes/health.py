@@ -11,6 +11,7 @@ from tunewright_api.deps import SettingsDep
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, Tenant
 from tunewright_api.prometheus import HISTOGRAM, gauge
+from tunewright_api.schemas import Health, Readiness
 from tunewright_api.services.diagnosis import job_telemetry_latest
 from tunewright_api.settings import Settings
 
@@ -18,17 +19,17 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict:
-    return {"status": "ok"}
+def healthz() -> Health:
+    return Health()
 
 
 @router.get("/readyz")
-def readyz(session: SessionDep, request: Request) -> dict:
+def readyz(session: SessionDep, request: Request) -> Readiness:
     try:
         session.exec(text("SELECT 1"))
     except Exception as err:  # noqa: BLE001 (readiness reports any database failure)
         raise ApiError(503, f"database not reachable: {type(err).__name__}") from None
-    return {"status": "ready", "backend": request.app.state.settings.backend}
+    return Readiness(backend=request.app.state.settings.backend)
 
 
 # What each running job reports: (metric, help, the value in its telemetry's `latest`)
@@ -68,7 +69,8 @@ def sees_each_job(session: Session, settings: Settings, authorization: str | Non
     return True
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get("/metrics", response_class=PlainTextResponse, responses={200: {
+    "description": "The Prometheus text exposition format.", "content": {"text/plain": {"schema": {"type": "string"}}}}})
 def prometheus(session: SessionDep, settings: SettingsDep,
                authorization: Annotated[str | None, Header()] = None) -> str:
     lines = ["# HELP tunewright_jobs Jobs by status.", "# TYPE tunewright_jobs gauge"]
@@ -77,7 +79,8 @@ def prometheus(session: SessionDep, settings: SettingsDep,
     if sees_each_job(session, settings, authorization):
         running = session.exec(select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
                                .where(Job.status == "running")).all()
-        latest = [({"job_id": job.id, "tenant": tenant}, job_telemetry_latest(session, job, job.job_plan))
+        latest = [({"job_id": job.id, "tenant": tenant},
+                   job_telemetry_latest(session, job, job.job_plan).model_dump(by_alias=True))
                   for job, tenant in running]
         for name, help_text, key in RUNNING_JOB_GAUGES:
             lines += gauge(name, help_text, [(labels, values.get(key)) for labels, values in latest])

@@ -9,8 +9,19 @@ from fastapi.responses import FileResponse
 from tunewright_api.auth import CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.diagnosis import Diagnosis
-from tunewright_api.models import JobPublic, ListEnvelope
+from tunewright_api.models import JobPublic
 from tunewright_api.routes.links import links_from
+from tunewright_api.schemas import (
+    ArtifactList,
+    CheckpointList,
+    Deleted,
+    EventList,
+    JobList,
+    JobTelemetryReport,
+    LogLines,
+    MetricPointList,
+    download,
+)
 from tunewright_api.services import artifacts, diagnosis, jobs
 from tunewright_api.states import JobStatus
 from tunewright_core.spec import FineTuneJobSpec
@@ -30,10 +41,10 @@ def create_job(spec: FineTuneJobSpec, session: SessionDep, backend: BackendDep, 
 
 @router.get("")
 def list_jobs(session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-              limit: Annotated[int, Query(ge=1, le=100)] = 20, status: JobStatus | None = None) -> ListEnvelope:
+              limit: Annotated[int, Query(ge=1, le=100)] = 20, status: JobStatus | None = None) -> JobList:
     """Newest first; `status` narrows to jobs in that state."""
     page, more = jobs.page_of_jobs(session=session, tenant=tenant, after=after, limit=limit, status=status)
-    return ListEnvelope(data=[JobPublic.of(j) for j in page], has_more=more)
+    return JobList(data=[JobPublic.of(j) for j in page], has_more=more)
 
 
 @router.get("/{job_id}")
@@ -47,28 +58,28 @@ def cancel_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: Cu
 
 
 @router.delete("/{job_id}")
-def delete_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> dict:
+def delete_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant) -> Deleted:
     """A finished job and everything kept for it here (its records, run folder, checkpoints and export);
     its results file stays among the tenant's files."""
     jobs.delete(session=session, backend=backend, tenant=tenant, job_id=job_id)
-    return {"id": job_id, "object": "tunewright.job", "deleted": True}
+    return Deleted(id=job_id, object="tunewright.job")
 
 
 @router.get("/{job_id}/events")
 def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> ListEnvelope:
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> EventList:
     return jobs.events_page(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit, after=after)
 
 
 @router.get("/{job_id}/metrics")
 def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
-                max_points: Annotated[int, Query(ge=2, le=10000)] = 500) -> ListEnvelope:
+                max_points: Annotated[int, Query(ge=2, le=10000)] = 500) -> MetricPointList:
     """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
     return jobs.metric_points(session=session, tenant=tenant, job_id=job_id, max_points=max_points)
 
 
 @router.get("/{job_id}/telemetry")
-def job_telemetry(job_id: str, session: SessionDep, tenant: CurrentTenant) -> dict:
+def job_telemetry(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobTelemetryReport:
     """Measured beside predicted, now and over time: tokens/s, MFU, communication share, GPU busy share,
     goodput, data wait, cost (so far, per million trained tokens, projected); per step and per profiler window."""
     return diagnosis.job_telemetry(session=session, tenant=tenant, job_id=job_id)
@@ -83,24 +94,25 @@ def job_diagnosis(job_id: str, session: SessionDep, tenant: CurrentTenant) -> Di
 
 @router.get("/{job_id}/checkpoints")
 def job_checkpoints(job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-                    limit: Annotated[int, Query(ge=1, le=100)] = 100) -> ListEnvelope:
+                    limit: Annotated[int, Query(ge=1, le=100)] = 100) -> CheckpointList:
     return jobs.checkpoints(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit, after=after)
 
 
 @router.get("/{job_id}/logs")
 def job_logs(job_id: str, session: SessionDep, backend: BackendDep, tenant: CurrentTenant,
-             lines: Annotated[int, Query(ge=1, le=10000)] = 200) -> ListEnvelope:
+             lines: Annotated[int, Query(ge=1, le=10000)] = 200) -> LogLines:
     """The last `lines` lines the run printed, oldest first."""
     return jobs.log_lines(session=session, backend=backend, tenant=tenant, job_id=job_id, lines=lines)
 
 
 @router.get("/{job_id}/artifacts")
-def job_artifacts(job_id: str, session: SessionDep, tenant: CurrentTenant) -> ListEnvelope:
+def job_artifacts(job_id: str, session: SessionDep, tenant: CurrentTenant) -> ArtifactList:
     """The files the job exported (adapter, merged or full model), by path; each is served by the route below."""
-    return ListEnvelope(data=artifacts.listing(jobs.owned_job(session=session, tenant=tenant, job_id=job_id)))
+    return ArtifactList(data=artifacts.listing(jobs.owned_job(session=session, tenant=tenant, job_id=job_id)))
 
 
-@router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse)
+@router.get("/{job_id}/artifacts/{path:path}", response_class=FileResponse,
+            responses=download("The file's bytes.", "application/octet-stream"))
 def job_artifact(job_id: str, path: str, session: SessionDep, tenant: CurrentTenant) -> FileResponse:
     found = artifacts.artifact_file(jobs.owned_job(session=session, tenant=tenant, job_id=job_id), path)
     return FileResponse(found, media_type="application/octet-stream", filename=found.name)

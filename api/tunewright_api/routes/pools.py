@@ -3,75 +3,61 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import Field
 from sqlmodel import select
 
 from tunewright_api.auth import AdminToken, CurrentTenant, SessionDep
 from tunewright_api.deps import BackendDep, SettingsDep
 from tunewright_api.errors import ApiError
-from tunewright_api.models import GpuPool, ListEnvelope
+from tunewright_api.models import GpuPool
 from tunewright_api.routes.links import links_from
+from tunewright_api.schemas import (
+    DescribedPool,
+    PlannedModel,
+    PlanResponse,
+    PoolCreate,
+    PoolDescription,
+    PoolList,
+    PoolPublic,
+)
 from tunewright_api.services import jobs
 from tunewright_api.services.plans import plan_on, pool_of, profile_for
-from tunewright_core.planner.hardware import GPUS, LINKS
 from tunewright_core.planner.jobs import dataset_tokens_of
-from tunewright_core.spec import CamelModel, FineTuneJobSpec, JobPlan
+from tunewright_core.spec import CamelModel, FineTuneJobSpec
 
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
 
 
-class PoolDescription(CamelModel):
-    """A GPU pool as the planner sees it."""
-
-    gpu: Literal[tuple(GPUS)]  # type: ignore[valid-type]
-    gpus_per_node: int = Field(gt=0, le=64)
-    max_nodes: int = Field(gt=0, le=4096)
-    intra_node: Literal[tuple(LINKS)]  # type: ignore[valid-type]
-    inter_node: Literal[tuple(LINKS)] | None = None  # type: ignore[valid-type]
-    price_per_gpu_hour: float = Field(ge=0, alias="pricePerGPUHour")
-    host_memory_gib: float | None = Field(default=None, gt=0, alias="hostMemoryGiB",
-                                          description="Host memory per node (CPU offload); default 2x its GPU memory")
-
-
-class PoolCreate(PoolDescription):
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-    learn_links: bool = Field(default=False, description=(
-        "Opt-in: each profiler window of a multi-GPU job planned on this pool measures the bandwidth its "
-        "collectives got from the link they crossed, and the next plans use the mean of the last windows "
-        "instead of the declared figure (measuredLinks; DELETE /v1/pools/{name}/measured-links forgets them). "
-        "Every window also measures the GPUs' compute against the catalog's efficiency, and the next plans "
-        "use the mean factor (measuredEfficiency)."))
-
-
-def pool_public(p: GpuPool) -> dict:
-    return {"object": "pool", "name": p.name, "gpu": p.gpu, "gpusPerNode": p.gpus_per_node, "maxNodes": p.max_nodes,
-            "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour,
-            "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links, "measuredLinks": p.measured_links,
-            "measuredEfficiency": p.measured_efficiency}
+def pool_public(p: GpuPool) -> DescribedPool:
+    return DescribedPool.model_validate({
+        "object": "pool", "name": p.name, "gpu": p.gpu, "gpusPerNode": p.gpus_per_node, "maxNodes": p.max_nodes,
+        "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour,
+        "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links, "measuredLinks": p.measured_links,
+        "measuredEfficiency": p.measured_efficiency})
 
 
 @router.get("/pools")
-def list_pools(session: SessionDep, backend: BackendDep, _: CurrentTenant) -> ListEnvelope:
+def list_pools(session: SessionDep, backend: BackendDep, _: CurrentTenant) -> PoolList:
     described = session.exec(select(GpuPool).order_by(GpuPool.name)).all()
-    return ListEnvelope(data=[*backend.pools(), *map(pool_public, described)])
+    return PoolList(data=[*map(PoolPublic.model_validate, backend.pools()),
+                          *(PoolPublic(pool_public(p)) for p in described)])
 
 
 @router.get("/pools/{name}")
-def get_pool(name: str, session: SessionDep, backend: BackendDep, _: CurrentTenant) -> dict:
+def get_pool(name: str, session: SessionDep, backend: BackendDep, _: CurrentTenant) -> PoolPublic:
     """A described pool, or one of the backend's own (this machine's, or a cluster's GPUPool)."""
     if (described := session.get(GpuPool, name)) is not None:
-        return pool_public(described)
+        return PoolPublic(pool_public(described))
     for own in backend.pools():
         if own["name"] == name:
-            return own
+            return PoolPublic.model_validate(own)
     raise ApiError(404, f"no GPU pool {name}", "name", "not_found")
 
 
 @router.post("/pools", status_code=201, responses=links_from(201, "name", "name", ("get", "/v1/pools/{name}")))
-def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: AdminToken) -> dict:
+def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: AdminToken) -> DescribedPool:
     if body.name in {p["name"] for p in backend.pools()} or session.get(GpuPool, body.name) is not None:
         raise ApiError(409, f"pool {body.name} exists", "name", "exists")
     pool = GpuPool(**body.model_dump())
@@ -81,7 +67,7 @@ def create_pool(body: PoolCreate, session: SessionDep, backend: BackendDep, _: A
 
 
 @router.delete("/pools/{name}/measured-links")
-def forget_measured_links(name: str, session: SessionDep, _: AdminToken) -> dict:
+def forget_measured_links(name: str, session: SessionDep, _: AdminToken) -> DescribedPool:
     """Back to the declared links (after a network change, say); learning goes on if learnLinks is set."""
     pool = session.get(GpuPool, name)
     if pool is None:
@@ -102,13 +88,6 @@ class PlanRequest(CamelModel):
         "A pool described here, for this plan only (nothing is kept; no admin token needed): the fields of "
         f"POST /v1/pools but the name; the plan names it {DESCRIBED_POOL!r}."))
     dataset_tokens: int | None = Field(default=None, gt=0, description="Tokens in the training set (for epochs).")
-
-
-class PlanResponse(BaseModel):
-    object: str = "plan"
-    pool: str
-    model: dict
-    plan: JobPlan
 
 
 @router.post("/plans")
@@ -141,5 +120,5 @@ def make_plan(body: PlanRequest, session: SessionDep, backend: BackendDep, setti
         if dataset_tokens is None and spec.hyperparameters.max_steps is None:
             dataset_tokens = dataset_tokens_of(train.bytes)
     chosen = plan_on(spec=spec, profile=profile, pool=pool, dataset_tokens=dataset_tokens, spec_param="spec")
-    return PlanResponse(pool=pool_name, model={"name": profile.name, "parameters": profile.params,
-                                                    "layers": profile.layers, "hidden": profile.hidden}, plan=chosen)
+    return PlanResponse(pool=pool_name, model=PlannedModel(name=profile.name, parameters=profile.params,
+                                                           layers=profile.layers, hidden=profile.hidden), plan=chosen)

@@ -7,6 +7,7 @@ from fastapi.responses import FileResponse
 
 from tunewright_api.auth import SessionDep, bearer_token
 from tunewright_api.errors import ApiError
+from tunewright_api.schemas import download
 from tunewright_api.services import telemetry
 from tunewright_api.telemetry import (
     MAX_REPORTED_REJECTIONS,
@@ -34,7 +35,8 @@ def ingest(job_id: str, batch: TelemetryBatch, session: SessionDep, request: Req
     return TelemetryReceipt(accepted=len(accepted), rejected=rejected[:MAX_REPORTED_REJECTIONS])
 
 
-@router.get("/{job_id}/files/{file_id}", response_class=FileResponse)
+@router.get("/{job_id}/files/{file_id}", response_class=FileResponse,
+            responses=download("The dataset's bytes (JSONL).", "application/jsonl"))
 def dataset(job_id: str, file_id: str, session: SessionDep,
             authorization: Annotated[str | None, Header()] = None) -> FileResponse:
     """A dataset the job names, for its workers on a cluster (never any other file, nor another tenant's)."""

@@ -7,8 +7,9 @@ from sqlmodel import select
 
 from tunewright_api.auth import AdminToken, SessionDep, issue_token
 from tunewright_api.errors import ApiError
-from tunewright_api.models import ApiToken, ListEnvelope, Tenant, TokenCreate, TokenPublic
+from tunewright_api.models import ApiToken, Tenant, TokenCreate, TokenPublic
 from tunewright_api.routes.links import links_from
+from tunewright_api.schemas import Deleted, TokenList
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
 
@@ -27,17 +28,17 @@ def create_token(body: TokenCreate, session: SessionDep, _: AdminToken) -> Token
 
 @router.get("")
 def list_tokens(session: SessionDep, _: AdminToken, tenant: str | None = None,
-                limit: Annotated[int, Query(ge=1, le=100)] = 100) -> ListEnvelope:
+                limit: Annotated[int, Query(ge=1, le=100)] = 100) -> TokenList:
     """Newest first; `tenant` narrows to one tenant's."""
     query = select(ApiToken, Tenant).join(Tenant, Tenant.id == ApiToken.tenant_id)
     if tenant is not None:
         query = query.where(Tenant.name == tenant)
     rows = session.exec(query.order_by(ApiToken.created_at.desc(), ApiToken.id.desc()).limit(limit + 1)).all()
-    return ListEnvelope(data=[public(t, owner) for t, owner in rows[:limit]], has_more=len(rows) > limit)
+    return TokenList(data=[public(t, owner) for t, owner in rows[:limit]], has_more=len(rows) > limit)
 
 
 @router.delete("/{token_id}")
-def revoke_token(token_id: str, session: SessionDep, _: AdminToken) -> dict:
+def revoke_token(token_id: str, session: SessionDep, _: AdminToken) -> Deleted:
     """From now on the token authenticates nothing (the admin token the settings give is made again at the
     next start: change the setting to retire it)."""
     token = session.get(ApiToken, token_id)
@@ -45,4 +46,4 @@ def revoke_token(token_id: str, session: SessionDep, _: AdminToken) -> dict:
         raise ApiError(404, f"no token {token_id}", "token_id", "not_found")
     session.delete(token)
     session.commit()
-    return {"id": token_id, "object": "token", "deleted": True}
+    return Deleted(id=token_id, object="token")

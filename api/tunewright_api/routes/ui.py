@@ -34,12 +34,12 @@ SHIPPED = shipped_files()
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
 
-@router.get("/ui")
+@router.get("/ui", response_class=RedirectResponse, status_code=308)
 def dashboard_root() -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=308)
 
 
-@router.get("/ui/{path:path}")
+@router.get("/ui/{path:path}", response_class=FileResponse)
 def dashboard_file(path: str) -> FileResponse:
     found = SHIPPED.get(path or "index.html")
     if found is None:

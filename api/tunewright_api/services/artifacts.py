@@ -8,6 +8,7 @@ from sqlmodel import Session, select
 
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, Tenant
+from tunewright_api.schemas import ArtifactPublic
 
 MAX_LISTED = 10_000  # files per listing: an export holds tens
 
@@ -44,12 +45,11 @@ def export_folders(session: Session, tenant: Tenant) -> list[Path]:
     return sorted({folder for job in jobs if (folder := final_folder(job)) is not None})
 
 
-def listing(job: Job) -> list[dict]:
+def listing(job: Job) -> list[ArtifactPublic]:
     """Every file of the export, by its path in it (`adapter/adapter_config.json`) and size; links not followed."""
     folder = export_folder(job)
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
-    return [{"object": "artifact", "path": p.relative_to(folder).as_posix(), "bytes": p.stat().st_size}
-            for p in files[:MAX_LISTED]]
+    return [ArtifactPublic(path=p.relative_to(folder).as_posix(), bytes=p.stat().st_size) for p in files[:MAX_LISTED]]
 
 
 def artifact_file(job: Job, path: str) -> Path:

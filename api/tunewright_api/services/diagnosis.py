@@ -6,6 +6,14 @@ from sqlmodel import Session, select
 
 from tunewright_api.diagnosis import Diagnosis, Observed, diagnose
 from tunewright_api.models import Job, JobEvent, MetricPoint, Tenant, now
+from tunewright_api.schemas import (
+    CommWindow,
+    EvaluationPoint,
+    JobTelemetryReport,
+    RankOwnSeconds,
+    TelemetryLatest,
+    TelemetryPoint,
+)
 from tunewright_api.services.jobs import owned_job, sampled_points
 from tunewright_api.telemetry import aware
 from tunewright_core.spec import JobPlan
@@ -47,16 +55,16 @@ def job_diagnosis(*, session: Session, tenant: Tenant, job_id: str) -> Diagnosis
     return diagnose(job.job_plan, observed(session, job))
 
 
-def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> dict:
-    """The job's measured values now (camelCase) beside `plan` (the job's, parsed once by the caller), as its
-    telemetry's `latest` and `/metrics` report them."""
+def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> TelemetryLatest:
+    """The job's measured values now beside `plan` (the job's, parsed once by the caller), as its telemetry's
+    `latest` and `/metrics` report them."""
     predicted = plan.predicted if plan else None
-    latest = job.telemetry(plan).model_dump(by_alias=True)
+    measured = job.telemetry(plan)
     seen = observed(session, job)
     found = diagnose(plan, seen)
-    cost = latest.get("costUSD")
+    cost = measured.cost_usd
     progress = job.progress()
-    return latest | {
+    return TelemetryLatest.model_validate(measured.model_dump(by_alias=True) | {
         "step": job.step, "tokensPerSecond": job.tokens_per_second,
         "goodput": found.goodput,
         "dataWaitShare": next((c.measured_share for c in found.components if c.name == "data wait"), None),
@@ -66,10 +74,10 @@ def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> di
         "projectedCostUSD": (cost + progress.eta_seconds * predicted.cost_usd / predicted.duration_seconds
                              if cost is not None and progress.eta_seconds is not None and predicted
                              and predicted.duration_seconds else None),
-    }
+    })
 
 
-def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> dict:
+def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> JobTelemetryReport:
     """The latest measured values beside the plan's, and their series: per logged step, per profiler window
     (communication and how busy the GPU was), and per evaluation (validation loss and accuracy)."""
     job = owned_job(session=session, tenant=tenant, job_id=job_id)
@@ -83,25 +91,25 @@ def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> dict:
             return None
         return predicted.mfu * tokens_per_second / predicted.tokens_per_second
 
-    series = [{"step": p.step, "time": p.time, "loss": p.data.get("loss"),
-               "tokensPerSecond": p.data.get("tokens_per_second"), "mfu": mfu(p.data.get("tokens_per_second")),
-               "stepSeconds": p.data.get("step_seconds"), "dataSeconds": p.data.get("data_seconds"),
-               "peakMemoryGiB": p.data.get("peak_memory_gib"),
-               **{name: p.data.get(field) for name, field in GPU_ACTIVITY.items()}} for p in points]
+    series = [TelemetryPoint.model_validate({
+        "step": p.step, "time": p.time, "loss": p.data.get("loss"), "tokensPerSecond": p.data.get("tokens_per_second"),
+        "mfu": mfu(p.data.get("tokens_per_second")), "stepSeconds": p.data.get("step_seconds"),
+        "dataSeconds": p.data.get("data_seconds"), "peakMemoryGiB": p.data.get("peak_memory_gib"),
+        **{name: p.data.get(field) for name, field in GPU_ACTIVITY.items()}}) for p in points]
     windows = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics")
                            .order_by(JobEvent.id)).all()
-    comm = [{"step": e.data["step"], "commShare": e.data["comm_share"],
-             "commShareExposed": e.data["comm_share_exposed"], "gpuBusyShare": e.data.get("gpu_busy_share"),
-             "waitSecondsPerStep": e.data.get("wait_seconds_per_step"),
-             "transferSecondsPerStep": e.data.get("transfer_seconds_per_step"),
-             "slowestRank": e.data.get("slowest_rank"),
-             "rankOwnSeconds": {"min": e.data.get("rank_own_seconds_min"),
-                                "median": e.data.get("rank_own_seconds_median"),
-                                "max": e.data.get("rank_own_seconds_max")}}
+    comm = [CommWindow(step=e.data["step"], comm_share=e.data["comm_share"],
+                       comm_share_exposed=e.data["comm_share_exposed"], gpu_busy_share=e.data.get("gpu_busy_share"),
+                       wait_seconds_per_step=e.data.get("wait_seconds_per_step"),
+                       transfer_seconds_per_step=e.data.get("transfer_seconds_per_step"),
+                       slowest_rank=e.data.get("slowest_rank"),
+                       rank_own_seconds=RankOwnSeconds(min=e.data.get("rank_own_seconds_min"),
+                                                       median=e.data.get("rank_own_seconds_median"),
+                                                       max=e.data.get("rank_own_seconds_max")))
             for e in windows if e.data and "comm_share" in e.data]
-    evaluations = [{"step": e.data["step"], "valLoss": e.data["val_loss"],
-                    "valTokenAccuracy": e.data.get("val_token_accuracy"), "exactMatch": e.data.get("exact_match")}
+    evaluations = [EvaluationPoint(step=e.data["step"], val_loss=e.data["val_loss"],
+                                   val_token_accuracy=e.data.get("val_token_accuracy"),
+                                   exact_match=e.data.get("exact_match"))
                    for e in windows if e.data and "val_loss" in e.data]
-    return {"object": "tunewright.job.telemetry", "job_id": job.id, "status": job.status,
-            "predicted": predicted.model_dump(by_alias=True) if predicted else None, "latest": latest,
-            "series": series, "comm": comm, "evaluations": evaluations}
+    return JobTelemetryReport(job_id=job.id, status=job.status, predicted=predicted, latest=latest, series=series,
+                              comm=comm, evaluations=evaluations)

@@ -18,11 +18,20 @@ from tunewright_api.models import (
     Checkpoint,
     Job,
     JobEvent,
-    ListEnvelope,
     MetricPoint,
     StoredFile,
     Tenant,
     add_event,
+)
+from tunewright_api.schemas import (
+    CheckpointList,
+    CheckpointMetrics,
+    CheckpointPublic,
+    EventList,
+    EventPublic,
+    LogLines,
+    MetricPointList,
+    MetricPointPublic,
 )
 from tunewright_api.services.artifacts import export_folders
 from tunewright_api.services.files import owned_file
@@ -168,23 +177,23 @@ def cursor(value: str | None, prefix: str, param: str = "after") -> int | None:
 
 
 def events_page(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int,
-                after: str | None = None) -> ListEnvelope:
+                after: str | None = None) -> EventList:
     """Newest first, in OpenAI's event shape; `after` an event id: the page of older ones."""
     owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
     query = select(JobEvent).where(JobEvent.job_id == job_id)
     if (older_than := cursor(after, "ftevent-")) is not None:
         query = query.where(JobEvent.id < older_than)
     events = session.exec(query.order_by(JobEvent.id.desc()).limit(limit + 1)).all()
-    data = [{"id": f"ftevent-{e.id}", "object": "fine_tuning.job.event", "created_at": int(e.created_at.timestamp()),
-             "level": e.level, "message": e.message, "type": e.type, "data": e.data} for e in events[:limit]]
-    return ListEnvelope(data=data, has_more=len(events) > limit)
+    data = [EventPublic(id=f"ftevent-{e.id}", created_at=int(e.created_at.timestamp()), level=e.level,
+                        message=e.message, type=e.type, data=e.data) for e in events[:limit]]
+    return EventList(data=data, has_more=len(events) > limit)
 
 
-def metric_points(*, session: Session, tenant: Tenant, job_id: str, max_points: int) -> ListEnvelope:
+def metric_points(*, session: Session, tenant: Tenant, job_id: str, max_points: int) -> MetricPointList:
     """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
     owned_job(session=session, tenant=tenant, job_id=job_id)
-    return ListEnvelope(data=[{"step": p.step, "time": p.time, **p.data} for p in sampled_points(session, job_id,
-                                                                                               max_points)])
+    return MetricPointList(data=[MetricPointPublic.model_validate({"step": p.step, "time": p.time, **p.data})
+                                 for p in sampled_points(session, job_id, max_points)])
 
 
 def sampled_points(session: Session, job_id: str, max_points: int) -> list[MetricPoint]:
@@ -197,7 +206,7 @@ def sampled_points(session: Session, job_id: str, max_points: int) -> list[Metri
 
 
 def checkpoints(*, session: Session, tenant: Tenant, job_id: str, param: str, limit: int,
-                after: str | None = None) -> ListEnvelope:
+                after: str | None = None) -> CheckpointList:
     """Committed checkpoints as the runtime registered them, newest first, in OpenAI's checkpoint shape;
     `after` a checkpoint id: the page of older ones."""
     job = owned_job(session=session, tenant=tenant, job_id=job_id, param=param)
@@ -205,13 +214,13 @@ def checkpoints(*, session: Session, tenant: Tenant, job_id: str, param: str, li
     if (before_step := cursor(after, f"ftckpt-{job.id.removeprefix('ftjob-')}-")) is not None:
         query = query.where(Checkpoint.step < before_step)
     rows = session.exec(query.order_by(Checkpoint.step.desc()).limit(limit + 1)).all()
-    data = [{"id": f"ftckpt-{job.id.removeprefix('ftjob-')}-{c.step:08d}", "object": "fine_tuning.job.checkpoint",
-             "created_at": int(c.created_at.timestamp()), "step_number": c.step,
-             "fine_tuned_model_checkpoint": c.uri, "fine_tuning_job_id": job.id,
-             "metrics": {"step": c.step, "train_loss": c.train_loss}} for c in rows[:limit]]
-    return ListEnvelope(data=data, has_more=len(rows) > limit)
+    data = [CheckpointPublic(id=f"ftckpt-{job.id.removeprefix('ftjob-')}-{c.step:08d}",
+                             created_at=int(c.created_at.timestamp()), step_number=c.step,
+                             fine_tuned_model_checkpoint=c.uri, fine_tuning_job_id=job.id,
+                             metrics=CheckpointMetrics(step=c.step, train_loss=c.train_loss)) for c in rows[:limit]]
+    return CheckpointList(data=data, has_more=len(rows) > limit)
 
 
-def log_lines(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, lines: int) -> ListEnvelope:
+def log_lines(*, session: Session, backend: Backend, tenant: Tenant, job_id: str, lines: int) -> LogLines:
     job = owned_job(session=session, tenant=tenant, job_id=job_id)
-    return ListEnvelope(data=backend.logs(job, lines))
+    return LogLines(data=backend.logs(job, lines))
