@@ -1,6 +1,6 @@
 """The README's commands, run as written: a fresh folder holding the checkout's examples and virtualenv,
-the commands of a block fenced `bash quickstart` (or `bash plan`), in order, in one bash. Only the port
-differs (the machine is shared: the API gets a free one, and TUNEWRIGHT_URL points the CLI at it)."""
+the commands of a block fenced `bash train`, `bash quickstart` or `bash plan`, in order, in one bash. Only
+the port differs (the machine is shared: the API gets a free one, and TUNEWRIGHT_URL points the CLI at it)."""
 
 import os
 import re
@@ -63,6 +63,18 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
     answer = done.stdout.strip().splitlines()[-1]
     assert answer == "negative", done.stdout[-2000:]  # the answer, and nothing after it: generation stopped
     assert "succeeded [" in done.stdout and (tmp_path / "my-adapter" / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow  # trains the quickstart's job through `tunewright train` (one to two minutes on 2 cores)
+def test_the_readme_one_command_path_runs_as_written(tmp_path):
+    """Issue 37: from `make venv` to a trained, downloaded, loaded adapter with one `tunewright train`."""
+    script = block("train")
+    assert "tunewright train examples/local/lora-chat.yaml" in script and "tunewright serve" not in script
+    done = run_as_written(script, tmp_path, {"TUNEWRIGHT_TOKEN": "", "TUNEWRIGHT_URL": ""})
+    assert done.returncode == 0, log_of(done, tmp_path)
+    assert done.stdout.strip().splitlines()[-1] == "negative", done.stdout[-2000:]
+    assert (tmp_path / "my-adapter" / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / ".tunewright" / "tunewright.db").is_file()  # where a later `tunewright serve` finds the job
 
 
 @pytest.mark.slow  # starts the API in a fresh shell

@@ -1,5 +1,7 @@
-"""`tunewright`: the command line. Everything but `serve` talks to the REST API.
+"""`tunewright`: the command line. All but `serve`, `train` and `explain-spec` talk to the REST API at --url.
 
+  tunewright train job.yaml                          a fine-tune on this machine, start to end: serves its own API
+                                                     (the data `serve` uses), submits, follows, downloads the adapter
   tunewright serve                                   the API on this machine (SQLite, local backend)
   tunewright status [--wait S]                       is it up?
   tunewright submit job.yaml [--watch]               upload local data, submit, print the job (or watch it)
@@ -8,13 +10,15 @@
   tunewright explain JOB                             why is it slow: predicted vs measured, what to do
   tunewright files upload|list|get|delete            datasets
   tunewright plan job.yaml --pool NAME               dry run on a GPU pool: plan, predictions, rejected options
+  tunewright explain-spec [FIELD]                    the spec's fields: type, default, bounds, description
   tunewright pools list|get|create                   GPU pools the planner plans on
   tunewright tokens create|list|revoke               API tokens (admin)
   tunewright completion bash                         shell completion: source <(tunewright completion bash)
 
 The API and token: --url / TUNEWRIGHT_URL (default http://127.0.0.1:8000), --token / TUNEWRIGHT_TOKEN.
 Output: tables for people; -o json or -o yaml for programs. Exit codes: 0 done; 1 refused by the API, or the
-job watched did not succeed; 2 the command line is wrong; 3 the API cannot be reached or failed.
+job watched did not succeed; 2 the command line is wrong; 3 the API cannot be reached or failed; 130 stopped
+with Ctrl-C (`train`: its job cancelled).
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from pathlib import Path
 
 import yaml
 
-from tunewright_api.cli import render
-from tunewright_api.cli.client import OK, REFUSED, USAGE, Client, RequestFailed
+from tunewright_api.cli import render, spec_fields
+from tunewright_api.cli.client import OK, REFUSED, USAGE, Client, RequestFailed, with_local_paths_checked
+from tunewright_api.cli.local import LocalApi, admin_token_file, dashboard_url, serve_again
 from tunewright_core.planner.hardware import GPUS, LINKS
 
-__all__ = ["Client", "RequestFailed", "main", "watch"]
+__all__ = ["Client", "RequestFailed", "ended", "main", "run_on", "watch"]
+INTERRUPTED = 130  # the shell's code for a command stopped with Ctrl-C (128 + SIGINT)
 
 
 def spec_from_args(args) -> dict:
@@ -95,6 +101,46 @@ def ended(job: dict) -> int:
     return REFUSED
 
 
+def run_on(api: LocalApi, token: str, spec: dict) -> tuple[dict, list[dict]]:
+    """A job through an API this command started (`train`, `make demo`): submitted, announced with its page on
+    the dashboard, followed to its end; the job as it ended, and its metrics. Ctrl-C cancels the job (its run
+    would go on without an API otherwise), then goes on up."""
+    client = Client(api.url, token)
+    job = client.submit(spec)
+    print(f"submitted {job['id']}: {job['plan']['explanation']}\n"
+          f"dashboard          {dashboard_url(api.url, token, job['id'])}\n"
+          "                   (open it now: the loss, tokens/s and communication share as the job runs)", flush=True)
+    try:
+        job = watch(client, job["id"])
+    except KeyboardInterrupt:
+        print(f"\ncancelling {job['id']} (Ctrl-C)", file=sys.stderr, flush=True)
+        try:
+            client.request("POST", f"/v1/jobs/{job['id']}/cancel")
+        except RequestFailed as err:  # it ended meanwhile (409), or the API is gone: nothing is left to stop
+            print(f"error: {err}", file=sys.stderr)
+        raise
+    return job, client.request("GET", f"/v1/jobs/{job['id']}/metrics")["data"]
+
+
+def checked_spec(spec: dict, where: str) -> dict:
+    """The spec, checked on this machine as the API would check it (the model's fields, the local files it
+    names), with a local model path made absolute: a mistake is a usage error (exit 2) naming each field, found
+    before anything is started."""
+    from pydantic import ValidationError
+
+    from tunewright_core.spec import FineTuneJobSpec, error_message
+
+    try:
+        FineTuneJobSpec.model_validate(spec)
+        return with_local_paths_checked(spec)
+    except ValidationError as err:
+        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {error_message(e, FineTuneJobSpec)}"
+                         for e in err.errors())
+    except RequestFailed as err:
+        said = str(err)
+    raise SystemExit(f"{where}: {said}")
+
+
 def follow_logs(client: Client, job_id: str, lines: int, poll: float = 1.0) -> None:
     """The last `lines` lines, then new ones as the run prints them, until the job ends."""
     shown: list[str] = []
@@ -111,8 +157,9 @@ def follow_logs(client: Client, job_id: str, lines: int, poll: float = 1.0) -> N
         time.sleep(poll)
 
 
-def download(client: Client, job_id: str, into: Path) -> Path:
-    """Every file the job exported, into `into`, each written whole before it takes its name."""
+def download(client: Client, job_id: str, into: Path) -> dict[str, Path]:
+    """Every file the job exported, into `into`, each written whole before it takes its name; the folders the
+    export holds, by name: `adapter` (LoRA), `merged`, `model` (full fine-tuning)."""
     listed = client.request("GET", f"/v1/jobs/{job_id}/artifacts")["data"]
     for item in listed:
         target = into / item["path"]
@@ -126,7 +173,8 @@ def download(client: Client, job_id: str, into: Path) -> Path:
                 for chunk in response.iter_bytes(1 << 20):
                     out.write(chunk)
         partial.replace(target)
-    return into
+    names = dict.fromkeys(item["path"].split("/", 1)[0] for item in listed if "/" in item["path"])
+    return {name: into / name for name in names}
 
 
 def job_id_of(value: str) -> str:
@@ -134,9 +182,7 @@ def job_id_of(value: str) -> str:
     return value.rsplit(":", 1)[-1] if value.startswith("ft:") else value
 
 
-def serve(args) -> int:
-    import secrets
-
+def cmd_serve(args, client: Client) -> int:
     import uvicorn
 
     from tunewright_api.main import create_app
@@ -146,16 +192,234 @@ def serve(args) -> int:
     if os.environ.get("TMPDIR"):  # uploads spool there (the chart points it at the data volume): it must exist
         Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     if not settings.admin_token:
-        token_file = settings.data_dir / "admin.token"
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        if not token_file.exists():
-            token_file.touch(mode=0o600)
-            token_file.write_text("tw-" + secrets.token_urlsafe(32))
+        token_file = admin_token_file(settings.data_dir)
         settings.admin_token = token_file.read_text().strip()
         print(f"admin token in {token_file} (export TUNEWRIGHT_TOKEN=$(cat {token_file}))", flush=True)
     settings.public_url = settings.public_url if "TUNEWRIGHT_PUBLIC_URL" in os.environ else \
         f"http://{args.host}:{args.port}"
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    return OK
+
+
+def cmd_train(args, client: Client) -> int:
+    """One job on an API of its own on this machine, on the data folder `serve` uses: submitted as tenant
+    `local`, followed, summed up and downloaded; the API stops with the command (a later `serve` shows the job)."""
+    from tunewright_api.settings import Settings
+
+    spec = checked_spec(spec_from_args(args), args.spec or "the flags")
+    settings = Settings()  # serve's: its data folder (TUNEWRIGHT_DATA_DIR, else ./.tunewright) and admin token
+    data_dir = settings.data_dir.resolve()
+    admin = settings.admin_token or admin_token_file(data_dir).read_text().strip()
+    folders: dict[str, Path] = {}
+    try:
+        with LocalApi(data_dir, admin, data_dir / "api.log") as api:
+            token = api.tenant_token("local", kept_in=data_dir / "local.token")
+            job, metrics = run_on(api, token, spec)
+            if job["status"] == "succeeded":
+                print(render.run_summary(job, metrics))
+                folders = download(Client(api.url, token), job["id"], (args.dir or Path(job["id"])).resolve())
+    except KeyboardInterrupt:
+        print("stopped (Ctrl-C); the API this command started is down", file=sys.stderr)
+        return INTERRUPTED
+    print(serve_again(data_dir, token, job["id"]))
+    if job["status"] != "succeeded":
+        return ended(job)
+    for name, folder in folders.items():  # last: what a script reads (`tail -1`), the folder to load
+        print(f"{name:18} {folder}")
+    return OK
+
+
+def cmd_status(args, client: Client) -> int:
+    deadline = time.monotonic() + args.wait
+    while True:
+        try:
+            ready = client.request("GET", "/readyz")
+            break
+        except RequestFailed:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+    render.emit({"url": args.url, **ready}, args.output, lambda r: f"{r['status']}: {r['url']} ({r['backend']} backend)")
+    return OK
+
+
+def cmd_submit(args, client: Client) -> int:
+    job = client.submit(spec_from_args(args))
+    if not args.watch:
+        render.emit(job, args.output, render.job_text)
+        return OK
+    print(f"submitted {job['id']}: {job['plan']['explanation'] if job.get('plan') else ''}", flush=True)
+    return ended(watch(client, job["id"]))
+
+
+def cmd_plan(args, client: Client) -> int:
+    made: list[str] = []
+    spec = client.with_local_files(spec_from_args(args), made)
+    body = {"spec": spec, "pool": args.pool, **({"datasetTokens": args.dataset_tokens} if args.dataset_tokens else {})}
+    try:
+        answer = client.request("POST", "/v1/plans", json=body)
+    except RequestFailed as err:
+        if err.param and err.param.endswith("maxSteps"):
+            raise RequestFailed(f"{err} (give --dataset-tokens N, --train FILE, or --max-steps N)",
+                                err.status, err.param) from None
+        raise
+    render.emit(answer, args.output, render.plan_text)
+    return OK
+
+
+def cmd_explain_spec(args, client: Client) -> int:
+    schema = spec_fields.spec_schema()
+    if not args.field:
+        render.emit(schema, args.output, spec_fields.spec_text)
+        return OK
+    field, required = spec_fields.field_at(schema, args.field)
+    render.emit(field, args.output, lambda f: spec_fields.field_text(args.field, f, required))
+    return OK
+
+
+def cmd_jobs(args, client: Client) -> int:
+    params = {"limit": min(args.limit, 100), **({"status": args.status} if args.status else {})}
+    jobs = client.request("GET", "/v1/jobs", params=params)["data"]
+    render.emit(jobs, args.output, render.jobs_table,
+                empty="No jobs." + (f" (none {args.status})" if args.status else ""))
+    return OK
+
+
+def cmd_get(args, client: Client) -> int:
+    render.emit(client.request("GET", f"/v1/jobs/{job_id_of(args.job_id)}"), args.output, render.job_text)
+    return OK
+
+
+def cmd_watch(args, client: Client) -> int:
+    return ended(watch(client, job_id_of(args.job_id)))
+
+
+def cmd_cancel(args, client: Client) -> int:
+    render.emit(client.request("POST", f"/v1/jobs/{args.job_id}/cancel"), args.output, render.job_text)
+    return OK
+
+
+def cmd_delete(args, client: Client) -> int:
+    render.emit(client.request("DELETE", f"/v1/jobs/{args.job_id}"), args.output, lambda d: f"deleted {d['id']}")
+    return OK
+
+
+def cmd_explain(args, client: Client) -> int:
+    render.emit(client.request("GET", f"/v1/jobs/{job_id_of(args.job_id)}/diagnosis"), args.output,
+                render.diagnosis_text)
+    return OK
+
+
+def cmd_checkpoints(args, client: Client) -> int:
+    render.emit(client.pages(f"/v1/jobs/{args.job_id}/checkpoints"), args.output, render.checkpoints_table,
+                empty="No checkpoints (none committed yet, or the job kept none).")
+    return OK
+
+
+def cmd_logs(args, client: Client) -> int:
+    if args.follow:
+        follow_logs(client, args.job_id, args.lines)
+        return OK
+    lines = client.request("GET", f"/v1/jobs/{args.job_id}/logs", params={"lines": args.lines})["data"]
+    render.emit(lines, args.output, "\n".join, empty="No output yet (the run has not started).")
+    return OK
+
+
+def cmd_events(args, client: Client) -> int:
+    if args.all:
+        events = client.pages(f"/v1/jobs/{args.job_id}/events", limit=1000)
+    else:
+        page = client.request("GET", f"/v1/jobs/{args.job_id}/events", params={"limit": 100})
+        events = page["data"]
+        if page.get("has_more") and args.output == "table":
+            print("(the newest 100; every event: --all)", file=sys.stderr)
+    render.emit(events[::-1], args.output, render.events_table)
+    return OK
+
+
+def cmd_metrics(args, client: Client) -> int:
+    points = client.request("GET", f"/v1/jobs/{args.job_id}/metrics", params={"max_points": args.max_points})["data"]
+    render.emit(points, args.output, render.metrics_table,
+                empty=f"No metrics: job {args.job_id} has not finished a step (tunewright get {args.job_id}).")
+    return OK
+
+
+def cmd_download(args, client: Client) -> int:
+    job_id = job_id_of(args.job_id)
+    into = (args.dir or Path(job_id)).resolve()
+    folders = download(client, job_id, into)
+    # the folder to load (the adapter's own, which holds adapter_config.json; else the merged or full model)
+    load = next((folders[name] for name in ("adapter", "merged", "model") if name in folders), into)
+    render.emit({"job": job_id, "dir": str(into), **{name: str(folder) for name, folder in folders.items()}},
+                args.output, lambda _: str(load))
+    return OK
+
+
+def cmd_files(args, client: Client) -> int:
+    out = args.output
+    if args.action == "list":
+        render.emit(client.request("GET", "/v1/files")["data"], out, render.files_table, empty="No files.")
+        return OK
+    if not args.target:
+        args.parser.error(f"files {args.action}: needs {'local files' if args.action == 'upload' else 'file ids'}")
+    done = []
+    for target in args.target:
+        if args.action == "upload":
+            if not Path(target).is_file():
+                raise RequestFailed(f"no file {target} here", 422)
+            done.append(client.upload_once(Path(target))[0])
+        elif args.action == "get":
+            done.append(client.request("GET", f"/v1/files/{target}"))
+        else:
+            done.append(client.request("DELETE", f"/v1/files/{target}"))
+    if args.action == "delete":
+        render.emit(done, out, lambda items: "\n".join(f"deleted {d['id']}" for d in items))
+    else:
+        render.emit(done, out, render.files_table)
+    return OK
+
+
+def cmd_pools(args, client: Client) -> int:
+    if args.action == "list":
+        render.emit(client.request("GET", "/v1/pools")["data"], args.output, render.pools_table)
+        return OK
+    if not args.name:
+        args.parser.error(f"pools {args.action}: needs the pool's name")
+    if args.action == "get":
+        pool = client.request("GET", f"/v1/pools/{args.name}")
+    else:
+        missing = [flag for flag, value in (("--gpu", args.gpu), ("--gpus-per-node", args.gpus_per_node),
+                                            ("--max-nodes", args.max_nodes), ("--intra-node", args.intra_node),
+                                            ("--price", args.price)) if value is None]
+        if missing:
+            args.parser.error(f"pools create: needs {', '.join(missing)}")
+        pool = client.request("POST", "/v1/pools", json={
+            "name": args.name, "gpu": args.gpu, "gpusPerNode": args.gpus_per_node, "maxNodes": args.max_nodes,
+            "intraNode": args.intra_node, "interNode": args.inter_node, "pricePerGPUHour": args.price})
+    render.emit(pool, args.output, lambda p: render.pools_table([p]))
+    return OK
+
+
+def cmd_tokens(args, client: Client) -> int:
+    if args.action == "list":
+        params = {"tenant": args.name} if args.name else {}
+        render.emit(client.request("GET", "/v1/tokens", params=params)["data"], args.output, render.tokens_table,
+                    empty="No tokens.")
+        return OK
+    if not args.name:
+        args.parser.error(f"tokens {args.action}: needs {'the tenant' if args.action == 'create' else 'the token id'}")
+    if args.action == "revoke":
+        render.emit(client.request("DELETE", f"/v1/tokens/{args.name}"), args.output, lambda d: f"revoked {d['id']}")
+    else:
+        token = client.request("POST", "/v1/tokens", json={"tenant": args.name, "admin": args.admin})
+        if args.output == "table":  # the secret alone on stdout: export TUNEWRIGHT_TOKEN=$(tunewright tokens create t)
+            print(f"token {token['id']} for tenant {token['tenant']}: shown once, keep it", file=sys.stderr)
+        render.emit(token, args.output, lambda t: t["token"])
+    return OK
+
+
+def cmd_completion(args, client: Client) -> int:
+    print(completion_script(args.parser))
     return OK
 
 
@@ -215,53 +479,80 @@ def build_parser() -> argparse.ArgumentParser:
                         help="an API token (default: TUNEWRIGHT_TOKEN)")
     parser.add_argument("-o", "--output", choices=["table", "json", "yaml", "id"], default="table",
                         help="table for people (default), json or yaml for programs, id: only the ids")
+    # each command is a function cmd_NAME(args, client) -> exit code; those that find the command line wrong
+    # after parsing say so as argparse does, through args.parser (completion reads it too)
+    parser.set_defaults(parser=parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="a job on this machine from submit to the downloaded adapter, in the "
+                                     "foreground (an API of its own; --url and --token are not used)")
+    spec_flags(p)
+    p.add_argument("-d", "--dir", type=Path, help="where to put the trained adapter or model (default ./JOB)")
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("serve", help="run the API on this machine")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("status", help="is the API up and ready? (exit 3 if not)")
     p.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="wait up to this long for it")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("submit", help="submit a job from a spec file or flags")
     spec_flags(p)
     p.add_argument("--watch", action="store_true", help="then follow it to the end (exit 1 unless it succeeds)")
+    p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("plan", help="dry run: what tunewright would run on a GPU pool, and why")
     spec_flags(p)
     p.add_argument("--pool", required=True, help="a GPU pool (tunewright pools list)")
     p.add_argument("--dataset-tokens", type=int,
                    help="tokens in the training set, for epochs (default: estimated from --train's file)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("explain-spec", help="the FineTuneJob spec's fields; one field's type, default, bounds "
+                                            "and fields (no API needed)")
+    p.add_argument("field", nargs="?", help="a dotted camelCase path, e.g. hyperparameters.learningRate")
+    p.set_defaults(func=cmd_explain_spec)
 
     p = sub.add_parser("jobs", help="list jobs, newest first")
     p.add_argument("--status", choices=["queued", "running", "succeeded", "failed", "cancelled"],
                    help="only jobs in this state")
     p.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
-    for name, text in (("get", "show a job: status, plan, progress, cost, error, where its model is"),
-                       ("watch", "follow a job's progress until it ends (exit 1 unless it succeeds)"),
-                       ("cancel", "stop a queued or running job"),
-                       ("delete", "forget a finished job: its records, run folder, checkpoints and export"),
-                       ("checkpoints", "a job's committed checkpoints, newest first"),
-                       ("explain", "why is it slow? predicted and measured per part of a step, and what to do")):
-        sub.add_parser(name, help=text).add_argument("job_id", metavar="JOB", help="a job id")
+    p.set_defaults(func=cmd_jobs)
+    for name, text, func in (
+            ("get", "show a job: status, plan, progress, cost, error, where its model is", cmd_get),
+            ("watch", "follow a job's progress until it ends (exit 1 unless it succeeds)", cmd_watch),
+            ("cancel", "stop a queued or running job", cmd_cancel),
+            ("delete", "forget a finished job: its records, run folder, checkpoints and export", cmd_delete),
+            ("checkpoints", "a job's committed checkpoints, newest first", cmd_checkpoints),
+            ("explain", "why is it slow? predicted and measured per part of a step, and what to do", cmd_explain)):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job_id", metavar="JOB", help="a job id")
+        p.set_defaults(func=func)
     p = sub.add_parser("logs", help="what a job's run printed")
     p.add_argument("job_id", metavar="JOB", help="a job id")
     p.add_argument("-n", "--lines", type=int, default=200, help="the last N lines (default 200)")
     p.add_argument("-f", "--follow", action="store_true", help="then print new lines until the job ends")
+    p.set_defaults(func=cmd_logs)
     p = sub.add_parser("events", help="what happened to a job, oldest first")
     p.add_argument("job_id", metavar="JOB", help="a job id")
     p.add_argument("--all", action="store_true", help="every event (default: the newest 100)")
+    p.set_defaults(func=cmd_events)
     p = sub.add_parser("metrics", help="a job's per-step metrics")
     p.add_argument("job_id", metavar="JOB", help="a job id")
     p.add_argument("--max-points", type=int, default=500, help="downsampled to at most N points (default 500)")
+    p.set_defaults(func=cmd_metrics)
     p = sub.add_parser("download", help="fetch the adapter or model a job exported, file by file")
     p.add_argument("job_id", metavar="JOB", help="a job id, or its fine-tuned model name (ft:...)")
     p.add_argument("-d", "--dir", type=Path, help="where to put it (default ./JOB)")
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("files", help="datasets: upload, list, get, delete")
     p.add_argument("action", choices=["upload", "list", "get", "delete"])
     p.add_argument("target", nargs="*", help="upload: local JSONL files; get, delete: file ids")
+    p.set_defaults(func=cmd_files)
 
     p = sub.add_parser("pools", help="GPU pools the planner plans on: list, get, create (admin)")
     p.add_argument("action", choices=["list", "get", "create"])
@@ -272,177 +563,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--intra-node", choices=list(LINKS), help="create: the link between a node's GPUs")
     p.add_argument("--inter-node", choices=list(LINKS), help="create: the link between nodes (none: one node)")
     p.add_argument("--price", type=float, help="create: price per GPU-hour in USD")
+    p.set_defaults(func=cmd_pools)
 
     p = sub.add_parser("tokens", help="API tokens (admin): create, list, revoke")
     p.add_argument("action", choices=["create", "list", "revoke"])
     p.add_argument("name", nargs="?", help="create: the tenant; list: only this tenant's; revoke: the token id")
     p.add_argument("--admin", action="store_true", help="create: an admin token")
+    p.set_defaults(func=cmd_tokens)
 
     p = sub.add_parser("completion", help="a shell completion script")
     p.add_argument("shell", choices=["bash"])
+    p.set_defaults(func=cmd_completion)
     return parser
-
-
-def run(args, parser: argparse.ArgumentParser) -> int:
-    client = Client(args.url, args.token)
-    out = args.output
-    command = args.command
-    if command == "status":
-        deadline = time.monotonic() + args.wait
-        while True:
-            try:
-                ready = client.request("GET", "/readyz")
-                break
-            except RequestFailed:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.5)
-        render.emit({"url": args.url, **ready}, out, lambda r: f"{r['status']}: {r['url']} ({r['backend']} backend)")
-        return OK
-    if command == "submit":
-        job = client.submit(spec_from_args(args))
-        if not args.watch:
-            render.emit(job, out, render.job_text)
-            return OK
-        print(f"submitted {job['id']}: {job['plan']['explanation'] if job.get('plan') else ''}", flush=True)
-        return ended(watch(client, job["id"]))
-    if command == "plan":
-        made: list[str] = []
-        spec = client.with_local_files(spec_from_args(args), made)
-        body = {"spec": spec, "pool": args.pool, **({"datasetTokens": args.dataset_tokens} if args.dataset_tokens
-                                                     else {})}
-        try:
-            answer = client.request("POST", "/v1/plans", json=body)
-        except RequestFailed as err:
-            if err.param and err.param.endswith("maxSteps"):
-                raise RequestFailed(f"{err} (give --dataset-tokens N, --train FILE, or --max-steps N)",
-                                    err.status, err.param) from None
-            raise
-        render.emit(answer, out, render.plan_text)
-    elif command == "jobs":
-        params = {"limit": min(args.limit, 100), **({"status": args.status} if args.status else {})}
-        jobs = client.request("GET", "/v1/jobs", params=params)["data"]
-        render.emit(jobs, out, render.jobs_table, empty="No jobs." + (f" (none {args.status})" if args.status else ""))
-    elif command == "get":
-        render.emit(client.request("GET", f"/v1/jobs/{job_id_of(args.job_id)}"), out, render.job_text)
-    elif command == "watch":
-        return ended(watch(client, job_id_of(args.job_id)))
-    elif command == "cancel":
-        render.emit(client.request("POST", f"/v1/jobs/{args.job_id}/cancel"), out, render.job_text)
-    elif command == "delete":
-        render.emit(client.request("DELETE", f"/v1/jobs/{args.job_id}"), out, lambda d: f"deleted {d['id']}")
-    elif command == "explain":
-        render.emit(client.request("GET", f"/v1/jobs/{job_id_of(args.job_id)}/diagnosis"), out, render.diagnosis_text)
-    elif command == "checkpoints":
-        render.emit(client.pages(f"/v1/jobs/{args.job_id}/checkpoints"), out, render.checkpoints_table,
-                    empty="No checkpoints (none committed yet, or the job kept none).")
-    elif command == "logs":
-        if args.follow:
-            follow_logs(client, args.job_id, args.lines)
-        else:
-            lines = client.request("GET", f"/v1/jobs/{args.job_id}/logs", params={"lines": args.lines})["data"]
-            render.emit(lines, out, "\n".join, empty="No output yet (the run has not started).")
-    elif command == "events":
-        if args.all:
-            events = client.pages(f"/v1/jobs/{args.job_id}/events", limit=1000)
-        else:
-            page = client.request("GET", f"/v1/jobs/{args.job_id}/events", params={"limit": 100})
-            events = page["data"]
-            if page.get("has_more") and out == "table":
-                print("(the newest 100; every event: --all)", file=sys.stderr)
-        render.emit(events[::-1], out, render.events_table)
-    elif command == "metrics":
-        points = client.request("GET", f"/v1/jobs/{args.job_id}/metrics",
-                                params={"max_points": args.max_points})["data"]
-        render.emit(points, out, render.metrics_table,
-                    empty=f"No metrics: job {args.job_id} has not finished a step (tunewright get {args.job_id}).")
-    elif command == "download":
-        job_id = job_id_of(args.job_id)
-        into = download(client, job_id, (args.dir or Path(job_id)).resolve())
-        render.emit({"job": job_id, "dir": str(into)}, out, lambda d: d["dir"])
-    elif command == "files":
-        return files_command(client, args, parser)
-    elif command == "pools":
-        return pools_command(client, args, parser)
-    elif command == "tokens":
-        return tokens_command(client, args, parser)
-    return OK
-
-
-def files_command(client: Client, args, parser: argparse.ArgumentParser) -> int:
-    out = args.output
-    if args.action == "list":
-        render.emit(client.request("GET", "/v1/files")["data"], out, render.files_table, empty="No files.")
-        return OK
-    if not args.target:
-        parser.error(f"files {args.action}: needs {'local files' if args.action == 'upload' else 'file ids'}")
-    done = []
-    for target in args.target:
-        if args.action == "upload":
-            if not Path(target).is_file():
-                raise RequestFailed(f"no file {target} here", 422)
-            done.append(client.upload_once(Path(target))[0])
-        elif args.action == "get":
-            done.append(client.request("GET", f"/v1/files/{target}"))
-        else:
-            done.append(client.request("DELETE", f"/v1/files/{target}"))
-    if args.action == "delete":
-        render.emit(done, out, lambda items: "\n".join(f"deleted {d['id']}" for d in items))
-    else:
-        render.emit(done, out, render.files_table)
-    return OK
-
-
-def pools_command(client: Client, args, parser: argparse.ArgumentParser) -> int:
-    if args.action == "list":
-        render.emit(client.request("GET", "/v1/pools")["data"], args.output, render.pools_table)
-        return OK
-    if not args.name:
-        parser.error(f"pools {args.action}: needs the pool's name")
-    if args.action == "get":
-        pool = client.request("GET", f"/v1/pools/{args.name}")
-    else:
-        missing = [flag for flag, value in (("--gpu", args.gpu), ("--gpus-per-node", args.gpus_per_node),
-                                            ("--max-nodes", args.max_nodes), ("--intra-node", args.intra_node),
-                                            ("--price", args.price)) if value is None]
-        if missing:
-            parser.error(f"pools create: needs {', '.join(missing)}")
-        pool = client.request("POST", "/v1/pools", json={
-            "name": args.name, "gpu": args.gpu, "gpusPerNode": args.gpus_per_node, "maxNodes": args.max_nodes,
-            "intraNode": args.intra_node, "interNode": args.inter_node, "pricePerGPUHour": args.price})
-    render.emit(pool, args.output, lambda p: render.pools_table([p]))
-    return OK
-
-
-def tokens_command(client: Client, args, parser: argparse.ArgumentParser) -> int:
-    if args.action == "list":
-        params = {"tenant": args.name} if args.name else {}
-        render.emit(client.request("GET", "/v1/tokens", params=params)["data"], args.output, render.tokens_table,
-                    empty="No tokens.")
-        return OK
-    if not args.name:
-        parser.error(f"tokens {args.action}: needs {'the tenant' if args.action == 'create' else 'the token id'}")
-    if args.action == "revoke":
-        render.emit(client.request("DELETE", f"/v1/tokens/{args.name}"), args.output, lambda d: f"revoked {d['id']}")
-    else:
-        token = client.request("POST", "/v1/tokens", json={"tenant": args.name, "admin": args.admin})
-        if args.output == "table":  # the secret alone on stdout: export TUNEWRIGHT_TOKEN=$(tunewright tokens create t)
-            print(f"token {token['id']} for tenant {token['tenant']}: shown once, keep it", file=sys.stderr)
-        render.emit(token, args.output, lambda t: t["token"])
-    return OK
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "serve":
-            return serve(args)
-        if args.command == "completion":
-            print(completion_script(parser))
-            code = OK
-        else:
-            code = run(args, parser)
+        code = args.func(args, Client(args.url, args.token))
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at the interpreter's exit
         return code
     except RequestFailed as err:

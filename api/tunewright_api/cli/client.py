@@ -88,29 +88,14 @@ class Client:
     def with_local_files(self, spec: dict, made: list[str]) -> dict:
         """The spec with its local dataset files uploaded (or found uploaded) and a local model path absolute;
         ids of new uploads are appended to `made` (the caller removes them if the submit is refused)."""
-        spec = json.loads(json.dumps(spec))
+        spec = with_local_paths_checked(spec)
         dataset = spec.get("dataset") or {}
         for key in ("train", "validation"):
-            value = dataset.get(key)
-            if not value or value.startswith("file-") or "://" in value:  # uploaded, or a volume or URL
-                continue
-            path = Path(value).expanduser()
-            if not path.is_file():
-                raise RequestFailed(f"dataset.{key}: no file {value} here (nor is it an uploaded file id, file-...: "
-                                    "tunewright files list)", 422, f"dataset.{key}")
-            uploaded, new = self.upload_once(path)
-            dataset[key] = uploaded["id"]
-            if new:
-                made.append(uploaded["id"])
-        model = spec.get("model") or {}
-        source = str(model.get("source", ""))
-        looks_local = source.startswith(("/", ".", "~"))
-        if source and (looks_local or Path(source).expanduser().is_dir()):
-            path = Path(source).expanduser()
-            if not (path / "config.json").is_file():
-                raise RequestFailed(f"model.source: no model folder {source} here (a folder with a config.json; a "
-                                    "hub model is named org/name)", 422, "model.source")
-            model["source"] = str(path.resolve())  # the server wants it absolute
+            if is_local_file(dataset.get(key)):
+                uploaded, new = self.upload_once(Path(dataset[key]).expanduser())
+                dataset[key] = uploaded["id"]
+                if new:
+                    made.append(uploaded["id"])
         return spec
 
     def submit(self, spec: dict) -> dict:
@@ -123,3 +108,30 @@ class Client:
                 with contextlib.suppress(RequestFailed):  # best effort: the refusal is what the user must see
                     self.request("DELETE", f"/v1/files/{file_id}")
             raise
+
+
+def is_local_file(value: str | None) -> bool:
+    """Whether a dataset value names a file on this machine (not an uploaded file id, file-..., nor a volume or URL)."""
+    return bool(value) and not value.startswith("file-") and "://" not in value
+
+
+def with_local_paths_checked(spec: dict) -> dict:
+    """A copy of the spec whose local dataset files and model folder are here (RequestFailed naming the field
+    when one is not), with a local model path made absolute; no request is made."""
+    spec = json.loads(json.dumps(spec))
+    dataset = spec.get("dataset") or {}
+    for key in ("train", "validation"):
+        value = dataset.get(key)
+        if is_local_file(value) and not Path(value).expanduser().is_file():
+            raise RequestFailed(f"dataset.{key}: no file {value} here (nor is it an uploaded file id, file-...: "
+                                "tunewright files list)", 422, f"dataset.{key}")
+    model = spec.get("model") or {}
+    source = str(model.get("source", ""))
+    looks_local = source.startswith(("/", ".", "~"))
+    if source and (looks_local or Path(source).expanduser().is_dir()):
+        path = Path(source).expanduser()
+        if not (path / "config.json").is_file():
+            raise RequestFailed(f"model.source: no model folder {source} here (a folder with a config.json; a "
+                                "hub model is named org/name)", 422, "model.source")
+        model["source"] = str(path.resolve())  # the server wants it absolute
+    return spec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -85,6 +86,9 @@ def job_text(job: dict) -> str:
     lines.append(f"progress:  {progress_line(job)}")
     if t.get("costUSD") is not None:
         lines.append(f"cost:      ${t['costUSD']:,.2f} so far")
+    if evaluated := evaluation(job.get("result")):
+        lines.append("evaluation (validation set, before -> after training):")
+        lines += [f"  {name:16} {said}" for name, said in evaluated]
     if job.get("error"):
         lines.append(f"error:     {job['error']['message']}")
         lines.append(f"           (the run's output: tunewright logs {job['id']}; what happened: tunewright events "
@@ -114,6 +118,59 @@ def progress_line(job: dict) -> str:
     if measured.get("commShare") is not None:
         line += f"  comm {measured['commShare']:.0%} ({measured['commShareExposed']:.0%} exposed)"
     return line
+
+
+# what a run's evaluation measured: (label, field of `eval_before` and `eval_after`, format)
+EVALUATED = (("validation loss", "val_loss", "{:.4f}"), ("token accuracy", "val_token_accuracy", "{:.1%}"),
+             ("exact match", "exact_match", "{:.1%}"))
+
+
+def evaluation(result: dict | None) -> list[tuple[str, str]]:
+    """A run's evaluation as `tunewright get` and the run's summary say it: (label, "before -> after") for each
+    metric measured at the end, e.g. ("token accuracy", "0.3% -> 99.7%"); only the `after` on a resumed run,
+    whose `before` was another run's. Nothing for a job without a validation set, or not finished."""
+    before, after = (result or {}).get("eval_before") or {}, (result or {}).get("eval_after") or {}
+    said = []
+    for name, key, shown in EVALUATED:
+        if after.get(key) is None:
+            continue
+        figure = shown.format(after[key]) if before.get(key) is None else \
+            f"{shown.format(before[key])} -> {shown.format(after[key])}"
+        if key == "exact_match" and after.get("exact_match_examples") is not None:
+            count = after["exact_match_examples"]
+            figure += f"  ({count} held-out example{'' if count == 1 else 's'})"
+        said.append((name, figure))
+    return said
+
+
+def run_summary(job: dict, metrics: list[dict]) -> str:
+    """A succeeded job in a few lines: its plan, loss, evaluation before and after training (where the job
+    had a validation set), speed, communication and cost (`tunewright train`, `make demo`)."""
+    result, plan = job["result"], job["plan"]
+    loss = f", training loss {metrics[0]['loss']:.3f} -> {metrics[-1]['loss']:.3f}" if metrics else ""
+    lines = [f"job                {job['id']} ({job['status']})",
+             f"plan               {plan['explanation']}",
+             f"optimizer steps    {result['steps']}{loss}"]
+    lines += [f"{name:18} {said}" for name, said in evaluation(result)]
+    speeds = [m["tokens_per_second"] for m in metrics if m.get("tokens_per_second")]
+    if speeds:
+        lines.append(f"trained tokens/s   {statistics.median(speeds):,.0f} (median), "
+                     f"{job['progress']['trainedTokens']:,} tokens")
+    lines.append(communication(job["telemetry"], "gloo" if plan["device"] == "cpu" else "nccl"))
+    held = f"{plan['gpus']} GPUs" if plan["gpus"] else f"{plan['workers']} CPU workers"
+    seconds = (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])).total_seconds()
+    cost = job["telemetry"].get("costUSD")
+    lines.append(f"cost               ${cost:,.2f} ({held} held {seconds:.0f} s)" if cost else
+                 f"cost               $0.00: the local pool has no price ({held} held {seconds:.0f} s)")
+    return "\n".join(lines)
+
+
+def communication(telemetry: dict, collectives: str) -> str:
+    if telemetry["commShare"] is None:
+        return "communication      not measured (the run was too short for a profiler window)"
+    return (f"communication      {telemetry['commShare']:.1%} of the step in collectives, "
+            f"{telemetry['commShareExposed']:.1%} not hidden by compute (measured at step "
+            f"{telemetry['commMeasuredAtStep']}, {collectives})")
 
 
 def ordinal(n: int) -> str:
