@@ -117,7 +117,10 @@ def test_cancel_stops_the_run(server, tiny_models):
     job = alice.post("/v1/jobs", json=tiny_spec(tiny_models["gpt2"], train, maxSteps=100000)).json()
     running = wait_for(alice, job["id"], {"running"})
     assert running["status"] == "running"
-    pid = _pid(server, job["id"])
+    # "running" is committed before the run is started (intent first): its process comes a moment later
+    deadline = time.monotonic() + 30
+    while (pid := _pid(server, job["id"])) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     cancelled = alice.post(f"/v1/jobs/{job['id']}/cancel").json()
     assert cancelled["status"] == "cancelled"
     with pytest.raises(ProcessLookupError):

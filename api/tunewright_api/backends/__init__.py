@@ -74,6 +74,9 @@ class Planned:
 
 
 class Backend(Protocol):
+    # its runs read this machine's files, Hugging Face cache and network (a hub model missing here is refused)
+    runs_here: bool
+
     def start(self) -> None:
         """Begin scheduling; reconcile jobs left running by an earlier API process."""
 

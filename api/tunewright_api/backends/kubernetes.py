@@ -144,6 +144,8 @@ def observed(ftj: dict) -> Observed:
 
 
 class KubernetesBackend:
+    runs_here = False  # the workers fetch models with their own cache and network
+
     def __init__(self, settings: Settings, engine: Engine, cluster=None):
         self.settings, self.engine = settings, engine
         self.prefix = settings.kubernetes_namespace_prefix

@@ -112,6 +112,8 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
 
 
 class LocalBackend:
+    runs_here = True
+
     def __init__(self, settings: Settings, engine: Engine, poll_seconds: float = 0.5):
         self.settings, self.engine = settings, engine
         self.jobs_root = (settings.data_dir / "jobs").resolve()

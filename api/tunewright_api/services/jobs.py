@@ -33,9 +33,10 @@ from tunewright_api.schemas import (
     MetricPointList,
     MetricPointPublic,
 )
+from tunewright_api.services import hub
 from tunewright_api.services.artifacts import export_folders
 from tunewright_api.services.files import owned_file
-from tunewright_api.services.plans import check_model_source, profile_for
+from tunewright_api.services.plans import check_model_source, is_hub_name, profile_for
 from tunewright_api.states import TERMINAL
 from tunewright_core.planner.jobs import sized_for_data
 from tunewright_core.spec import FineTuneJobSpec
@@ -75,6 +76,9 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
                        "suspend", "unsupported")
     spec = readable_model(spec, session=session, tenant=tenant, data_dir=data_dir, model_roots=model_roots,
                           param=model_param)
+    if is_hub_name(spec.model.source) and (why := hub.refusal(
+            spec.model.source, hub.availability(spec.model.source.removeprefix("hf://")), backend.runs_here)):
+        raise ApiError(422, why, model_param, "model_not_found")
     train = dataset_file(session=session, tenant=tenant, value=spec.dataset.train, param=train_param)
     validation = dataset_file(session=session, tenant=tenant, value=spec.dataset.validation, param=validation_param)
     if train.format != spec.dataset.format:

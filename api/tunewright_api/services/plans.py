@@ -37,6 +37,12 @@ def within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def is_hub_name(source: str) -> bool:
+    """A source `check_model_source` passed as a hub name (a local one it returns absolute)."""
+    named = source.removeprefix("hf://")
+    return not source.startswith("pvc://") and bool(HUB_ID.match(named)) and not Path(named).is_absolute()
+
+
 def check_model_source(source: str, roots: list[Path] | None, *, param: str, data_dir: Path,
                        own_exports: Callable[[], list[Path]]) -> str:
     """The source as the job must name it: a local path resolved (links and `..` followed), so the run reads
