@@ -213,6 +213,9 @@ class TelemetryLatest(JobTelemetry):
 
     step: int = Field(description="Optimizer steps done.")
     tokens_per_second: float | None = Field(description="Trained tokens per second, all workers (latest step).")
+    tokens_per_second_median: float | None = Field(description="Trained tokens per second, all workers: the median "
+                                                             "over the logged steps (the run's pace: the first step "
+                                                             "compiles, the last may be short).")
     goodput: float | None = Field(description="Step time over the time the GPUs were held.")
     data_wait_share: float | None = Field(description="Share of the step spent waiting for data.")
     gpu_busy_share: float | None = Field(description="Share of the profiled steps any GPU kernel ran (last "

@@ -101,6 +101,10 @@ def test_the_job_page_draws_the_curves_the_api_measured(api, browser):
         assert drawn[0] > 300 and drawn[1] > 500, (chart, drawn)
         assert browser.attribute(f"#{chart}", "aria-label") and browser.text(f"#{chart}-summary")
     assert f"over {STEPS} logged steps" in browser.text("#chart-loss-summary")
+    # the headline tokens/s is the API's median of the steps (30: the middle two averaged), the chart's the same
+    headline = browser.text("#figure-tps").split("\n")[0]
+    assert abs(float(headline.replace(",", "")) - telemetry["latest"]["tokensPerSecondMedian"]) <= 0.5  # rounded
+    assert f"median {headline}, last" in browser.text("#chart-throughput-summary")
 
     # the plan beside what was measured, the diagnosis, checkpoints, events, the trained adapter
     plan = done["plan"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from statistics import median
+
 from sqlmodel import Session, select
 
 from tunewright_api.diagnosis import Diagnosis, Observed, diagnose
@@ -55,6 +57,14 @@ def job_diagnosis(*, session: Session, tenant: Tenant, job_id: str) -> Diagnosis
     return diagnose(job.job_plan, observed(session, job))
 
 
+def median_tokens_per_second(session: Session, job: Job) -> float | None:
+    """The logged steps' median tokens/s: the run's pace, which neither the first step (it compiles) nor a
+    short last one moves."""
+    speeds = [v for v in session.exec(select(MetricPoint.data["tokens_per_second"].as_float())
+                                      .where(MetricPoint.job_id == job.id)).all() if v is not None]
+    return median(speeds) if speeds else None
+
+
 def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> TelemetryLatest:
     """The job's measured values now beside `plan` (the job's, parsed once by the caller), as its telemetry's
     `latest` and `/metrics` report them."""
@@ -66,6 +76,7 @@ def job_telemetry_latest(session: Session, job: Job, plan: JobPlan | None) -> Te
     progress = job.progress()
     return TelemetryLatest.model_validate(measured.model_dump(by_alias=True) | {
         "step": job.step, "tokensPerSecond": job.tokens_per_second,
+        "tokensPerSecondMedian": median_tokens_per_second(session, job),
         "goodput": found.goodput,
         "dataWaitShare": next((c.measured_share for c in found.components if c.name == "data wait"), None),
         "gpuBusyShare": (job.comm or {}).get("gpu_busy_share"),

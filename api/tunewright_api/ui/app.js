@@ -4,6 +4,7 @@
    #/jobs[?status=S], #/jobs/{id}, #/plan. Nothing is written as HTML: every node is built from text. */
 
 const TOKEN_KEY = "tunewright.token";
+const LOSS_SCALE_KEY = "tunewright.lossScale"; // "log" or "linear": the loss chart's y axis, as last chosen
 const POLL_MS = 2000; // while a job is queued or running
 const IDLE_POLL_MS = 10000; // the list when nothing in it moves (a job submitted elsewhere still appears)
 const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
@@ -347,14 +348,20 @@ function palette() {
 
 class Chart {
   /* One figure: a uPlot of series against the step, its text summary, and `data-points` (the steps it holds)
-     and `data-series-points` (each series' non-empty points, by label) read from the plot's own data. */
-  constructor({id, title, series, axes, summary, empty}) {
-    Object.assign(this, {title, series, axes, summaryOf: summary, emptyText: empty, plot: null, data: null});
+     and `data-series-points` (each series' non-empty points, by label) read from the plot's own data.
+     `logKey`: the first axis may be logarithmic, switched beside the title and remembered in localStorage under
+     that key; `data-scale` says which the plot draws. */
+  constructor({id, title, series, axes, summary, empty, logKey}) {
+    Object.assign(this, {title, series, axes, logKey, summaryOf: summary, emptyText: empty, plot: null, data: null,
+                         log: Boolean(logKey) && localStorage.getItem(logKey) === "log"});
     this.area = h("div", {class: "chart-area"});
     this.summary = h("p", {class: "chart-summary", id: `${id}-summary`});
+    const toggle = logKey ? h("label", {class: "scale-toggle"},
+      h("input", {type: "checkbox", id: `${id}-log`, checked: this.log,
+                  onchange: (event) => this.setLog(event.currentTarget.checked)}), " log scale") : null;
     this.figure = h("figure", {class: "chart", id, role: "group", "aria-label": title, "aria-describedby": `${id}-summary`,
                                dataset: {points: "0", seriesPoints: "{}"}},
-      h("figcaption", {}, title), this.area, this.summary);
+      h("figcaption", {}, h("span", {}, title), toggle), this.area, this.summary);
     this.resize = new ResizeObserver(() => this.plot && this.plot.setSize(this.size()));
     this.resize.observe(this.area);
     charts.push(this);
@@ -368,7 +375,8 @@ class Chart {
                               ...extra});
     return {
       ...this.size(),
-      scales: {x: {time: false}, ...Object.fromEntries(this.axes.map((a) => [a.scale, a.range ? {range: a.range} : {}]))},
+      scales: {x: {time: false}, ...Object.fromEntries(this.axes.map((a, i) => [a.scale,
+        this.log && i === 0 ? {distr: 3, log: 10} : a.range ? {range: a.range} : {}]))},
       axes: [axis({label: "step"}), ...this.axes.map((a, i) => axis({scale: a.scale, side: i === 0 ? 3 : 1, label: a.label,
                                                                      // uPlot's own tick labels unless the unit needs saying
                                                                      ...(a.format ? {values: (u, ticks) => ticks.map(a.format)} : {}),
@@ -389,20 +397,28 @@ class Chart {
     const counts = Object.fromEntries(this.series.map((s, i) => [s.label, data[i + 1].filter(isNum).length]));
     this.figure.dataset.points = String(data[0].length);
     this.figure.dataset.seriesPoints = JSON.stringify(counts);
+    // empty: the summary (the figure's description) says so, once; no plot area above it
     this.summary.textContent = data[0].length ? this.summaryOf(data) : this.emptyText;
-    if (!data[0].length) {
-      this.destroyPlot();
-      this.area.replaceChildren(h("p", {class: "muted"}, this.emptyText));
-      return;
-    }
-    if (this.plot) this.plot.setData(data);
-    else { this.area.replaceChildren(); this.plot = new uPlot(this.options(), data, this.area); }
+    this.area.hidden = !data[0].length;
+    if (!data[0].length) this.destroyPlot();
+    else if (this.plot) this.plot.setData(data);
+    else this.draw();
+  }
+
+  draw() {
+    this.destroyPlot();
+    this.plot = new uPlot(this.options(), this.data, this.area);
+    if (this.logKey) this.figure.dataset.scale = this.plot.scales[this.axes[0].scale].distr === 3 ? "log" : "linear";
   }
 
   restyle() { // light and dark: the colours are read again
-    if (!this.plot) return;
-    this.destroyPlot();
-    this.plot = new uPlot(this.options(), this.data, this.area);
+    if (this.plot) this.draw();
+  }
+
+  setLog(on) {
+    this.log = on;
+    localStorage.setItem(this.logKey, on ? "log" : "linear");
+    if (this.plot) this.draw();
   }
 
   destroyPlot() { if (this.plot) { this.plot.destroy(); this.plot = null; } }
@@ -424,14 +440,15 @@ function aligned(steps, ...columns) {
 
 const first = (values) => values.find(isNum);
 const last = (values) => [...values].reverse().find(isNum);
-const median = (values) => {
+const median = (values) => { // as the API's (Python's statistics.median): an even count averages its middle two
   const sorted = values.filter(isNum).sort((a, b) => a - b);
-  return sorted.length ? sorted[Math.floor(sorted.length / 2)] : null;
+  const middle = Math.floor(sorted.length / 2);
+  return !sorted.length ? null : sorted.length % 2 ? sorted[middle] : (sorted[middle - 1] + sorted[middle]) / 2;
 };
 
 function lossChart() {
   return new Chart({
-    id: "chart-loss", title: "Loss", empty: "No step logged yet.",
+    id: "chart-loss", title: "Loss", empty: "No step logged yet.", logKey: LOSS_SCALE_KEY,
     axes: [{scale: "loss", label: "loss"}],
     series: [{label: "training loss", scale: "loss"},
              {label: "validation loss", scale: "loss", points: true, line: false}],
@@ -498,9 +515,15 @@ function jobPage(jobId) {
   const progress = h("div", {class: "job-progress"});
   const problem = h("div", {class: "panel notice bad", role: "alert", hidden: true});
   const figures = h("dl", {class: "figures", id: "figures"});
+  const evaluationPanel = h("section", {class: "panel", id: "evaluation", "aria-labelledby": "evaluation-title", hidden: true});
   let gpuUnavailable = null;  // the runtime's reason, shown where SM-active is missing
   const loss = lossChart(), throughput = throughputChart(), comm = communicationChart();
   const gpu = gpuChart(() => gpuUnavailable);
+  // every chart but one is over the logged steps: before the first, the page says so once, not in each
+  const chartGrid = h("div", {class: "grid", id: "charts", hidden: true},
+    h("div", {class: "panel"}, loss.figure), h("div", {class: "panel"}, throughput.figure),
+    h("div", {class: "panel"}, comm.figure), h("div", {class: "panel"}, gpu.figure));
+  const noSteps = h("p", {class: "panel muted", id: "charts-empty", hidden: true});
   const planPanel = h("section", {class: "panel", id: "plan", "aria-labelledby": "plan-title"});
   const diagnosisPanel = h("section", {class: "panel", id: "diagnosis", "aria-labelledby": "diagnosis-title"});
   const modelPanel = h("section", {class: "panel", id: "trained-model", "aria-labelledby": "model-title"});
@@ -517,9 +540,7 @@ function jobPage(jobId) {
   const logPanel = h("details", {class: "panel", id: "logs"}, h("summary", {}, "Run log (last 200 lines)"), logs);
   const page = h("article", {"aria-labelledby": "job-title", id: "job-page", dataset: {state: "loading"}},
     h("p", {class: "crumbs"}, h("a", {href: "#/jobs"}, "Jobs"), " / ", jobId),
-    head, facts, progress, problem, figures,
-    h("div", {class: "grid"}, h("div", {class: "panel"}, loss.figure), h("div", {class: "panel"}, throughput.figure),
-      h("div", {class: "panel"}, comm.figure), h("div", {class: "panel"}, gpu.figure)),
+    head, facts, progress, problem, figures, evaluationPanel, noSteps, chartGrid,
     h("div", {class: "sections"}, planPanel, diagnosisPanel, modelPanel, h("div", {class: "grid"}, checkpointsPanel, eventsPanel),
       logPanel));
   render(page);
@@ -587,7 +608,7 @@ function jobPage(jobId) {
     const figure = (label, value, note, id) => h("div", {}, h("dt", {}, label), h("dd", {id}, value, note ? h("small", {}, note) : null));
     figures.replaceChildren(
       figure("Loss", fmtLoss(p.loss), `step ${fmtInt(p.step)}`, "figure-loss"),
-      figure("Tokens/s", fmtInt(latest.tokensPerSecond ?? p.tokensPerSecond), `${fmtInt(p.trainedTokens)} trained`, "figure-tps"),
+      figure("Tokens/s (median)", fmtInt(latest.tokensPerSecondMedian), `${fmtInt(p.trainedTokens)} trained`, "figure-tps"),
       figure("MFU", fmtPct(latest.mfu), latest.mfu === null || latest.mfu === undefined ? "needs a prediction" : "measured", "figure-mfu"),
       figure("Communication", fmtPct(latest.commShare), isNum(latest.commShareExposed)
         ? `${fmtPct(latest.commShareExposed)} exposed` : "no window yet", "figure-comm"),
@@ -596,8 +617,43 @@ function jobPage(jobId) {
         : latest.costUSD === null || latest.costUSD === undefined ? "the pool has no price" : "", "figure-cost"));
   }
 
-  function drawCharts(t) {
+  function drawEvaluation(j, t) {
+    // before training and after it, as the run's end reported them (with how many answers exact match scored);
+    // until it ends, the evaluations so far
+    const evaluations = (t.evaluations || []).map((e) => ({step: e.step, val_loss: e.valLoss, val_token_accuracy: e.valTokenAccuracy,
+                                                          exact_match: e.exactMatch}));
+    const result = j.result || {};
+    const latest = evaluations[evaluations.length - 1];
+    const before = result.eval_before ?? evaluations.find((e) => e.step === 0);
+    const after = result.eval_after ?? (latest && latest.step > 0 ? latest : null);
+    const examples = after?.exact_match_examples ?? before?.exact_match_examples;
+    const points = (v) => `${v >= 0 ? "+" : "−"}${Math.abs(v * 100).toFixed(1)} points`;
+    const rows = [
+      ["Validation loss", "val_loss", fmtLoss, (v) => `${v >= 0 ? "+" : "−"}${fmtLoss(Math.abs(v))}`],
+      ["Token accuracy", "val_token_accuracy", fmtPct, points],
+      [isNum(examples) ? `Exact match (${fmtInt(examples)} examples)` : "Exact match", "exact_match", fmtPct, points],
+    ].filter(([, key]) => isNum(before?.[key]) || isNum(after?.[key]));
+    evaluationPanel.hidden = !rows.length;
+    if (!rows.length) { evaluationPanel.replaceChildren(); return; }
+    evaluationPanel.replaceChildren(h("h2", {id: "evaluation-title"}, "Evaluation: before → after"),
+      h("div", {class: "table-wrap"}, h("table", {id: "evaluation-table"},
+        h("caption", {class: "visually-hidden"}, "The validation set's scores before training and after"),
+        h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "Metric"), h("th", {scope: "col", class: "num"}, "Before training"),
+          h("th", {scope: "col", class: "num"}, result.eval_after ? `After training (step ${fmtInt(result.steps)})`
+            : after ? `Latest (step ${fmtInt(after.step)})` : "After training"),
+          h("th", {scope: "col", class: "num"}, "Change"))),
+        h("tbody", {}, rows.map(([name, key, format, change]) => h("tr", {dataset: {metric: key}},
+          h("th", {scope: "row"}, name), h("td", {class: "num"}, format(before?.[key])), h("td", {class: "num"}, format(after?.[key])),
+          h("td", {class: "num"}, isNum(before?.[key]) && isNum(after?.[key]) ? change(after[key] - before[key]) : dash)))))));
+  }
+
+  function drawCharts(j, t) {
     const series = t.series || [];
+    chartGrid.hidden = !series.length;
+    noSteps.hidden = series.length > 0;
+    const ended = {failed: "failed", cancelled: "was cancelled", succeeded: "ended"}[j.status];
+    noSteps.textContent = series.length ? "" : `No step logged yet. ${ended ? `The job ${ended} before its first logged step.`
+      : "The charts start with the first one."}`;
     loss.update(aligned([series.map((s) => s.step), (t.evaluations || []).map((e) => e.step)],
                         [series.map((s) => s.step), series.map((s) => s.loss)],
                         [(t.evaluations || []).map((e) => e.step), (t.evaluations || []).map((e) => e.valLoss)]));
@@ -645,12 +701,12 @@ function jobPage(jobId) {
           `worker${plan.workers === 1 ? "" : "s"} = ${plan.microBatch * plan.gradAccum * plan.workers} sequences a step`),
         h("dt", {}, "Memory"), h("dd", {}, [...memoryLayoutOf(plan),
           plan.shardGroup > 1 ? `sharded over ${plan.shardGroup}` : null].filter(Boolean).join(", "))),
-      // replaceChildren writes a null as the text "null": a plan without a band adds nothing
+      // replaceChildren writes a null as the text "null": what is absent is an empty list, spread
       ...(predicted?.band ? [h("p", {class: "muted", id: "plan-band"},
         `Likely (P10-P90): ${bandText(predicted.band)}. ${predicted.band.basis}`)] : []),
       h("p", {class: "explanation", id: "plan-explanation"}, plan.explanation),
-      predicted ? null : h("p", {class: "muted"}, "Nothing is predicted for this pool (the planner models GPU pools, not " +
-        "this machine's CPUs): the measured values stand alone."),
+      ...(predicted ? [] : [h("p", {class: "muted"}, "Nothing is predicted for this pool (the planner models GPU pools, " +
+        "not this machine's CPUs): the measured values stand alone.")]),
       h("div", {class: "table-wrap"}, h("table", {id: "predicted-measured"},
         h("caption", {class: "visually-hidden"}, "The plan's predictions beside what the run measured"),
         h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "Quantity"), h("th", {scope: "col", class: "num"}, "Predicted"),
@@ -679,14 +735,14 @@ function jobPage(jobId) {
       : isNum(d.measuredStepSeconds) ? `${d.status}: a step takes ${ms(d.measuredStepSeconds)}` : d.status;
     diagnosisPanel.replaceChildren(h("h2", {id: "diagnosis-title"}, "Diagnosis: where a step's time goes"),
       h("p", {id: "diagnosis-status"}, head),
-      d.components.length ? h("div", {class: "table-wrap"}, h("table", {},
+      ...(d.components.length ? [h("div", {class: "table-wrap"}, h("table", {},
         h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "Component"), h("th", {scope: "col", class: "num"}, "Predicted"),
           h("th", {scope: "col", class: "num"}, "Measured"), h("th", {scope: "col", class: "num"}, "Share"))),
         h("tbody", {}, d.components.map((c) => h("tr", {},
           h("th", {scope: "row"}, c.name, c.name === d.dominant ? " (dominant)" : "", c.name === d.explainsGap ? " (explains the gap)" : ""),
           h("td", {class: "num"}, ms(c.predictedSeconds)), h("td", {class: "num"}, ms(c.measuredSeconds)),
-          h("td", {class: "num"}, fmtPct(c.measuredShare, 0))))))) : null,
-      d.findings.length ? h("ul", {class: "findings"}, d.findings.map((f) => h("li", {}, f))) : null);
+          h("td", {class: "num"}, fmtPct(c.measuredShare, 0)))))))] : []),
+      ...(d.findings.length ? [h("ul", {class: "findings"}, d.findings.map((f) => h("li", {}, f)))] : []));
   }
 
   async function drawModel(j) {
@@ -755,7 +811,7 @@ function jobPage(jobId) {
           h("td", {class: "num"}, fmtLoss(c.metrics && c.metrics.train_loss)),
           h("td", {class: "wrap"}, h("code", {}, c.fine_tuned_model_checkpoint))))))) :
         h("p", {class: "muted"}, "None committed yet (checkpoint.everySteps sets how often)."),
-      list.length ? h("p", {class: "muted"}, "A retried or resumed run starts from the newest.") : null);
+      ...(list.length ? [h("p", {class: "muted"}, "A retried or resumed run starts from the newest.")] : []));
   }
 
   function drawEvents() {
@@ -786,7 +842,8 @@ function jobPage(jobId) {
     newest.data.forEach((e) => events.set(e.id, e));
     drawJob(job);
     drawFigures(job, t);
-    drawCharts(t);
+    drawEvaluation(job, t);
+    drawCharts(job, t);
     drawPlan(job, t, diagnosis);
     drawDiagnosis(diagnosis);
     drawCheckpoints(checkpoints.data);
