@@ -235,8 +235,9 @@ class EpochBatches:
         self.steps_per_epoch = rows_per_epoch // global_batch_size
         if self.steps_per_epoch == 0:
             raise DatasetError(
-                f"dataset too small: one epoch makes {rows_per_epoch} sequences of {seq_len} tokens, fewer than "
-                f"one global batch ({global_batch_size}); add data or lower the batch size"
+                f"hyperparameters.global_batch_size: at most {rows_per_epoch} sequences a step, not "
+                f"{global_batch_size}; one epoch ({len(data.examples)} examples) holds {rows_per_epoch} sequences "
+                f"of {seq_len} tokens. Lower the batch size or seq_len, or add data"
             )
 
     def rows(self, epoch: int) -> Rows:

@@ -198,7 +198,7 @@ def test_ranks_split_a_global_batch_exactly():
 
 
 def test_too_small_for_one_batch():
-    with pytest.raises(DatasetError, match="fewer than one global batch"):
+    with pytest.raises(DatasetError, match=r"^hyperparameters.global_batch_size: at most \d+ sequences a step, not 64;"):
         EpochBatches(fake_dataset(4), 64, 0, True, seed=0, global_batch_size=64)
 
 

@@ -609,7 +609,8 @@ def test_sizes_follow_from_the_data(hyper, data, positions, expected, chosen):
 def test_sizes_the_data_cannot_fill_are_refused_naming_the_field(hyper, field):
     from tunewright_core.planner.jobs import sized_for_data
 
-    with pytest.raises(ValueError, match=rf"^{field}: the dataset is too small .* 150 examples make at most"):
+    with pytest.raises(ValueError, match=rf"^{field}: at most \d+ (sequences|tokens) a step, not \d+; one epoch "
+                                         r"\(150 examples\) holds about"):
         sized_for_data(_spec(**hyper), examples=150, characters=150 * 240, longest_characters=400)
 
 

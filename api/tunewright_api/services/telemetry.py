@@ -248,22 +248,27 @@ def register_checkpoint(session: Session, job: Job, record: CheckpointRecord) ->
               data={"step": record.step, "train_loss": record.train_loss})
 
 
-RESULT_COLUMNS = ("step", "train_loss", "valid_loss", "valid_token_accuracy", "learning_rate", "tokens_per_second")
+# Ours first (the order files written before kept); then OpenAI's name for the token accuracy
+# (`valid_mean_token_accuracy`, the same figure), and exact match of generated answers, which OpenAI's file lacks.
+RESULT_COLUMNS = ("step", "train_loss", "valid_loss", "valid_token_accuracy", "learning_rate", "tokens_per_second",
+                  "valid_mean_token_accuracy", "valid_exact_match")
+EVALUATION_COLUMNS = (("val_loss", ("valid_loss",)),
+                      ("val_token_accuracy", ("valid_token_accuracy", "valid_mean_token_accuracy")),
+                      ("exact_match", ("valid_exact_match",)))
 
 
 def write_results_file(*, session: Session, job: Job, data_dir: Path) -> StoredFile:
     """The job's metrics as a CSV file of its tenant's (OpenAI's results file): one row per kept step, with the
-    validation figures at the steps that were evaluated. Written whole, then moved into place; one per job."""
+    validation figures at each step that was evaluated (step 0 is the evaluation before training, the last step
+    the one after it). Written whole, then moved into place; one per job."""
     rows = {p.step: {"step": p.step, "train_loss": p.data.get("loss"), "learning_rate": p.data.get("learning_rate"),
                      "tokens_per_second": p.data.get("tokens_per_second")}
             for p in session.exec(select(MetricPoint).where(MetricPoint.job_id == job.id)).all()}
-    evaluations = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics",
-                                                      JobEvent.message.startswith("evaluation at step"))).all()
-    for event in evaluations:
-        data = event.data or {}
-        if isinstance(data.get("step"), int) and "val_loss" in data:
-            rows.setdefault(data["step"], {"step": data["step"]}).update(
-                valid_loss=data["val_loss"], valid_token_accuracy=data.get("val_token_accuracy"))
+    for step, scores in evaluations_of(session, job).items():
+        row = rows.setdefault(step, {"step": step})
+        for measured, named in EVALUATION_COLUMNS:
+            if scores.get(measured) is not None:
+                row.update(dict.fromkeys(named, scores[measured]))
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=RESULT_COLUMNS, restval="", lineterminator="\n")
     writer.writeheader()
@@ -282,3 +287,22 @@ def write_results_file(*, session: Session, job: Job, data_dir: Path) -> StoredF
     stored.bytes, stored.examples = len(content), len(rows)
     session.add(stored)
     return stored
+
+
+def evaluations_of(session: Session, job: Job) -> dict[int, dict]:
+    """What each evaluation of the job measured, by step: its `evaluation at step N` events (the newest of a
+    step wins: a resumed run evaluates again), over the run's result (before training at step 0, after it at
+    the last), which holds them where the events were trimmed or an evaluation came without a loss."""
+    result, by_step = job.result or {}, {}
+    if result.get("eval_before") and not result.get("resumed_from_step"):
+        by_step[0] = dict(result["eval_before"])
+    if result.get("eval_after") and isinstance(result.get("steps"), int):
+        by_step[result["steps"]] = dict(result["eval_after"])
+    events = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics",
+                                                 JobEvent.message.startswith("evaluation at step"))
+                          .order_by(JobEvent.id)).all()
+    for event in events:
+        data = event.data or {}
+        if isinstance(data.get("step"), int):
+            by_step.setdefault(data["step"], {}).update({k: v for k, v in data.items() if v is not None})
+    return by_step

@@ -51,11 +51,14 @@ def sized_for_data(spec: FineTuneJobSpec, *, examples: int, characters: int, lon
         hp = hp.model_copy(update={"global_batch_size": batch})
     at_most = (characters + TEMPLATE_TOKENS_PER_EXAMPLE * examples) // seq_len
     if batch_set and at_most < hp.sequences_per_step:
-        field = "globalBatchSize" if hp.global_batch_size is not None else "globalBatchTokens"
+        if hp.global_batch_size is not None:
+            field, limit, asked = "globalBatchSize", f"{at_most} sequences", hp.global_batch_size
+        else:  # in tokens: the limit too (whole sequences of seqLen)
+            field, limit, asked = "globalBatchTokens", f"{at_most * seq_len} tokens", hp.global_batch_tokens or 0
         raise ValueError(
-            f"hyperparameters.{field}: the dataset is too small for a batch of {hp.sequences_per_step} sequences "
-            f"of {seq_len} tokens: its {examples} examples make at most {max(at_most, 0)} (about {sequences}) per "
-            f"epoch. Lower {field}, or seqLen, or leave both out and tunewright sizes them from the data")
+            f"hyperparameters.{field}: at most {limit} a step, not {asked}; one epoch ({examples} examples) holds "
+            f"about {sequences} sequences of {seq_len} tokens. Lower {field} or seqLen, or leave both out and "
+            "tunewright sizes them from the data")
     if not chosen:
         return spec, None
     sized = spec.model_copy(update={"hyperparameters": hp.model_copy(update={"seq_len": seq_len})})
