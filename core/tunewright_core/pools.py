@@ -8,8 +8,9 @@ planned on wrongly, so every disagreement is reported in its status, in words.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Protocol
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tunewright_core.k8s import Cluster
 from tunewright_core.planner import calibration
@@ -75,16 +76,33 @@ def discovered(pool: GPUPoolSpec, nodes: list[dict], generation: int | None = No
                          disagreements=disagreements)
 
 
-def planner_pool(name: str, spec: GPUPoolSpec, measured: MeasuredLinks | None = None,
-                 efficiency: MeasuredEfficiency | None = None) -> Pool:
+def _record(measured: BaseModel | dict | None) -> dict | None:
+    return measured.model_dump(by_alias=True) if isinstance(measured, BaseModel) else measured
+
+
+class DescribedPool(Protocol):
+    """What a pool declares, in whichever shape holds it: a GPUPool's spec, a pool described to the API."""
+
+    gpu: str
+    gpus_per_node: int
+    max_nodes: int
+    intra_node: str
+    inter_node: str | None
+    price_per_gpu_hour: float
+    host_memory_gib: float | None
+    learn_links: bool
+
+
+def planner_pool(name: str, pool: DescribedPool, measured_links: MeasuredLinks | dict | None = None,
+                 measured_efficiency: MeasuredEfficiency | dict | None = None) -> Pool:
     """The pool as the planner models it (its GPU calibrated against the measured H200 runs); with
-    learnLinks, each link at the bandwidth the pool's jobs measured (`status.measuredLinks`) and its GPU at
-    the compute efficiency they measured (`status.measuredEfficiency`)."""
-    links = measured.model_dump(by_alias=True) if measured is not None and spec.learn_links else {}
-    learnt = efficiency.model_dump(by_alias=True) if efficiency is not None and spec.learn_links else None
-    return Pool(name, gpu_as_planned(spec.gpu, learnt), spec.gpus_per_node, spec.max_nodes,
-                *links_as_planned(spec.intra_node, spec.inter_node, links), spec.price_per_gpu_hour,
-                spec.host_memory_gib)
+    learnLinks, each link at the bandwidth the pool's jobs measured and its GPU at the compute efficiency
+    they measured (a GPUPool's status models, or a described pool's camelCase columns)."""
+    links = _record(measured_links) or {} if pool.learn_links else {}
+    learnt = _record(measured_efficiency) if pool.learn_links else None
+    return Pool(name, gpu_as_planned(pool.gpu, learnt), pool.gpus_per_node, pool.max_nodes,
+                *links_as_planned(pool.intra_node, pool.inter_node, links), pool.price_per_gpu_hour,
+                pool.host_memory_gib)
 
 
 def gpu_as_planned(gpu: str, measured: dict | None) -> GPU:

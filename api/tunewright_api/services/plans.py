@@ -19,11 +19,10 @@ from tunewright_core.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_core.planner.search import NoPlan
 from tunewright_core.pools import (
     catalog_compute_seconds,
-    gpu_as_planned,
     learns_efficiency,
     learnt_efficiency,
     learnt_links,
-    links_as_planned,
+    planner_pool,
 )
 from tunewright_core.spec import FineTuneJobSpec, JobPlan
 
@@ -104,11 +103,7 @@ def profile_for(source: str, *, param: str) -> ModelProfile:
 def pool_of(described: GpuPool) -> Pool:
     """The planner's pool; with learnLinks, each link at the bandwidth the pool's jobs measured and its GPU
     at the compute efficiency they measured."""
-    measured = (described.measured_links or {}) if described.learn_links else {}
-    efficiency = described.measured_efficiency if described.learn_links else None
-    return Pool(described.name, gpu_as_planned(described.gpu, efficiency), described.gpus_per_node, described.max_nodes,
-                *links_as_planned(described.intra_node, described.inter_node, measured),
-                described.price_per_gpu_hour, described.host_memory_gib)
+    return planner_pool(described.name, described, described.measured_links, described.measured_efficiency)
 
 
 def learn_links(session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
