@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     local_gpu_link: str = "nvlink4"  # how the local GPUs are joined (a planner link name)
     local_price_per_gpu_hour: float = 0.0
     local_ray: bool = True  # run jobs on Ray (False: one plain process per worker under torchrun, e.g. for tests)
-    ray_address: str | None = None  # the Ray cluster jobs run on; default: each job starts a Ray of its own
+    ray_address: str | None = None  # the Ray cluster jobs run on; default: the server's own (local_shared_ray)
+    # jobs join one Ray of the server's own, started with it and kept for its life (False: each job starts one)
+    local_shared_ray: bool = True
     max_upload_bytes: int = 512 * 2**20
     # local paths a model may be read from (its config.json by the API, its weights by local jobs); unset:
     # any path but the system's own folders; [] (the chart's setting): none, only hub names and volumes

@@ -71,7 +71,10 @@ def connect_ray() -> None:
         return
     address = os.environ.get("RAY_ADDRESS", "").strip()
     if address:
-        ray.init(address=address, log_to_driver=True)
+        # the cluster's workers have its environment, not this driver's: the job's own settings (its
+        # telemetry token above all) go to them with the job
+        own = {k: v for k, v in os.environ.items() if k.startswith("TUNEWRIGHT_")}
+        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": own} if own else None)
         return
     log.info("no RAY_ADDRESS: starting a Ray cluster for this run alone")
     # Its own session directory (Ray's default, /tmp/ray, is shared by every Ray on the host), removed at

@@ -13,6 +13,7 @@ and settles the rest from what they left, so no job stays "running" forever.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import logging
 import os
@@ -30,6 +31,7 @@ from sqlmodel import Session, select
 
 from tunewright_api.backends import AlreadyFinished, Planned, Ticker, local_launcher
 from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED
+from tunewright_api.backends.local_ray import ServerRay, auth_environment
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
 from tunewright_api.services import telemetry
@@ -73,6 +75,17 @@ def job_environment(api_environment: dict[str, str], telemetry_token: str, ray_a
     env["TUNEWRIGHT_TELEMETRY_TOKEN"] = telemetry_token
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
+    return env
+
+
+def ray_environment(api_environment: dict[str, str]) -> dict[str, str]:
+    """The environment of the server's Ray, whose workers run every job's code: a job's, less its token (each
+    job passes its own to its workers), with the runtime and core importable wherever they are."""
+    env = job_environment(api_environment, "", None)
+    del env["TUNEWRIGHT_TELEMETRY_TOKEN"]
+    roots = [str(Path(spec.origin).parent.parent) for name in ("tunewright_jobs", "tunewright_core")
+             if (spec := importlib.util.find_spec(name)) is not None and spec.origin]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*roots, *filter(None, [env.get("PYTHONPATH")])]))
     return env
 
 
@@ -120,15 +133,32 @@ class LocalBackend:
         self._children: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
         self._scheduler = Ticker("tunewright-local-backend", self.tick, poll_seconds, at_once=False)
+        shared = settings.local_ray and settings.local_shared_ray and not settings.ray_address
+        self._ray = ServerRay(settings.data_dir, os.cpu_count() or 1, settings.local_gpus,
+                              ray_environment(dict(os.environ))) if shared else None
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
         self.reconcile()
         self._scheduler.start()
+        if self._ray is not None:  # warm before the first job asks for it
+            threading.Thread(target=self._warm_ray, name="tunewright-ray-start", daemon=True).start()
+
+    def _warm_ray(self) -> None:
+        try:
+            self._ray.head()
+        except OSError as err:  # the first job that needs it tries again and fails saying why
+            log.warning("%s", err)
 
     def stop(self) -> None:
-        """Stop scheduling; running jobs go on (a restarted API re-attaches to them)."""
+        """Stop scheduling; running jobs go on (a restarted API re-attaches to them, and to the server's Ray
+        they run on, which stops here only when no job runs)."""
         self._scheduler.stop(timeout=5)
+        if self._ray is not None:
+            with Session(self.engine) as session:
+                running = session.exec(select(Job).where(Job.status == "running")).first()
+            if running is None:
+                self._ray.stop()
 
     # --- the pool and plans ---------------------------------------------------------------------------
     def pools(self) -> list[dict]:
@@ -253,8 +283,11 @@ class LocalBackend:
     def _spawn(self, session: Session, job: Job) -> None:
         run_dir = Path(job.run_dir)
         try:
+            head = self._ray.head() if self._ray is not None else None
             env = job_environment(dict(os.environ), (run_dir / "telemetry.token").read_text().strip(),
-                                  self.settings.ray_address)
+                                  head.address if head else self.settings.ray_address)
+            if head is not None:
+                env |= auth_environment(head.token)
             proc = start_run(runtime_command(run_dir / "job.json", job.config["strategy"]["num_workers"],
                                              self.settings.local_ray), run_dir, env)
         except OSError as err:  # failing each tick would not make it start: the job fails, saying why

@@ -1,0 +1,69 @@
+"""The local backend's Ray: one of the server's own for its life (issue 37: a job no longer waits for a Ray of
+its own to start). Started here and recorded in the data folder, adopted by a restarted API only while the
+record's process is still ours, started again when it died, stopped with the API when no job runs."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.api.conftest import TRAIN, Server, tiny_spec, upload, wait_for
+from tunewright_api.backends.local import ray_environment
+from tunewright_api.backends.local_ray import STATE_FILE, ServerRay, alive, answers
+
+pytestmark = pytest.mark.slow  # starts Ray heads
+
+
+def test_a_head_is_started_recorded_adopted_and_stopped(tmp_path):
+    first = ServerRay(tmp_path, 1, 0, ray_environment(dict(os.environ)))
+    try:
+        address = first.head().address
+        head = json.loads((tmp_path / STATE_FILE).read_text())
+        assert answers(address) and head["address"] == address and alive(head["pid"])
+        assert first.head().address == address  # kept
+        restarted = ServerRay(tmp_path, 1, 0, ray_environment(dict(os.environ)))  # a new API on the same folder
+        assert restarted.head().address == address
+        restarted.stop()
+        deadline = time.monotonic() + 15
+        while alive(head["pid"]) and time.monotonic() < deadline:
+            first._proc and first._proc.poll()  # our child: reaped
+            time.sleep(0.1)
+        assert not alive(head["pid"]) and not (tmp_path / STATE_FILE).exists()
+        assert not os.path.exists(head["temp_dir"]) and not answers(address)
+    finally:
+        first.stop()
+
+
+def test_a_record_whose_process_is_not_ours_is_never_signalled(tmp_path):
+    """A pid is reused after its process ends: the record's process is ours only if it names our session."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    ray = ServerRay(tmp_path, 1, 0, ray_environment(dict(os.environ)))
+    try:
+        (tmp_path / STATE_FILE).write_text(json.dumps({"pid": bystander.pid, "address": "127.0.0.1:1",
+                                                       "temp_dir": str(tmp_path / "gone"), "token": "t"}))
+        address = ray.head().address
+        assert answers(address) and bystander.poll() is None
+        assert json.loads((tmp_path / STATE_FILE).read_text())["pid"] != bystander.pid
+    finally:
+        ray.stop()
+        bystander.kill()
+        bystander.wait()
+
+
+def test_jobs_join_the_servers_ray_and_it_stops_with_the_api(tmp_path, tiny_models):
+    with Server(tmp_path / "data", local_ray=True, local_workers=1) as server:
+        alice = server.tenant("alice")
+        train = upload(alice, TRAIN).json()["id"]
+        spec = tiny_spec(tiny_models["gpt2"], train, maxSteps=2)
+        spec["checkpoint"] = {"everySteps": 2}
+        jobs = [alice.post("/v1/jobs", json=spec).json() for _ in range(2)]
+        done = [wait_for(alice, job["id"], {"succeeded", "failed"}) for job in jobs]
+        logs = [(server.settings.data_dir / "jobs" / job["id"] / "run.log").read_text() for job in jobs]
+        assert [job["status"] for job in done] == ["succeeded", "succeeded"], logs[0][-3000:]
+        head = json.loads((server.settings.data_dir / STATE_FILE).read_text())
+        assert all("starting a Ray cluster for this run alone" not in log for log in logs)
+        assert all(head["address"] in log or "Connected to Ray cluster" in log for log in logs), logs[0][-2000:]
+    assert not alive(head["pid"]) and not (server.settings.data_dir / STATE_FILE).exists()
