@@ -52,6 +52,7 @@ def _ray_worker(loop_config: dict) -> None:
     from tunewright_jobs.parallel import init_dist
     from tunewright_jobs.train import Runtime, train
 
+    os.environ.update(loop_config.get("environment", {}))
     _configure_logging()
     cfg = JobConfig.from_json(loop_config["config"])
     dist = init_dist(cfg, device=ray.train.torch.get_device())
@@ -71,10 +72,7 @@ def connect_ray() -> None:
         return
     address = os.environ.get("RAY_ADDRESS", "").strip()
     if address:
-        # the cluster's workers have its environment, not this driver's: the job's own settings (its
-        # telemetry token above all) go to them with the job
-        own = {k: v for k, v in os.environ.items() if k.startswith("TUNEWRIGHT_")}
-        ray.init(address=address, log_to_driver=True, runtime_env={"env_vars": own} if own else None)
+        ray.init(address=address, log_to_driver=True)
         return
     log.info("no RAY_ADDRESS: starting a Ray cluster for this run alone")
     # Its own session directory (Ray's default, /tmp/ray, is shared by every Ray on the host), removed at
@@ -105,7 +103,11 @@ def train_with_ray(cfg: JobConfig, max_failures: int) -> dict:
     storage = storage_uri(cfg.checkpoint_storage)  # resolved here: a worker's working directory differs
     trainer = TorchTrainer(
         _ray_worker,
-        train_loop_config={"config": cfg.to_json(), "storage": storage},
+        # a joined cluster's workers have its environment, not this driver's: the job's own settings (its
+        # telemetry token above all) go with the loop's config (a runtime_env would make Ray start fresh
+        # worker processes for each job rather than use those it keeps ready)
+        train_loop_config={"config": cfg.to_json(), "storage": storage,
+                           "environment": {k: v for k, v in os.environ.items() if k.startswith("TUNEWRIGHT_")}},
         scaling_config=ScalingConfig(num_workers=st.num_workers, use_gpu=st.use_gpu),
         torch_config=TorchConfig(backend="nccl" if st.use_gpu else "gloo"),
         run_config=RunConfig(
