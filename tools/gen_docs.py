@@ -210,8 +210,10 @@ def table(rows: list[Row], examples: dict[str, Any] | None = None) -> list[str]:
     return out
 
 
-def rules_of(rows: list[Row]) -> list[str]:
-    out = []
+def rules_of(rows: list[Row], root: dict | None = None, root_path: str = "spec") -> list[str]:
+    """The CEL rules of each field, and those of the object itself (`root`: its schema), which span fields."""
+    out = [f"- `{root_path}`: {rule['message']} (CEL: `{rule['rule']}`)"
+           for rule in (root or {}).get("x-kubernetes-validations", [])]
     for row in rows:
         for rule in row.rules:
             out.append(f"- `{row.path}`: {rule['message']} (CEL: `{rule['rule']}`)")
@@ -305,7 +307,7 @@ def spec_page() -> str:
         *table(job_rows, example_values("FineTuneJob", example_file)),
         "",
     ]
-    rules = rules_of(job_rows)
+    rules = rules_of(job_rows, ftj_root["spec"])
     if rules:
         lines += ["Rules across fields (CEL, checked by the API server and by the API):", "", *rules, ""]
     lines += ["`kubectl get ftj` columns:", "", *columns(ftj), "",
@@ -318,7 +320,7 @@ def spec_page() -> str:
               "[`examples/cluster/gpupool-h100.yaml`](../examples/cluster/gpupool-h100.yaml):", "",
               "```yaml", pool_example.rstrip("\n"), "```", "",
               *table(pool_rows, example_values("GPUPool", pool_file)), ""]
-    rules = rules_of(pool_rows)
+    rules = rules_of(pool_rows, pool_root["spec"])
     if rules:
         lines += ["Rules across fields:", "", *rules, ""]
     lines += ["`kubectl get gpool` columns:", "", *columns(pool), "",

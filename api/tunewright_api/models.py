@@ -95,8 +95,8 @@ class FilePublic(SQLModel):
     filename: str
     purpose: str = Field(description="fine-tune (uploads) or fine-tune-results (a job's metrics CSV).")
     status: str = "processed"
-    format: str = Field(description="The records' format as validated: chat, prompt_completion, text; csv "
-                                    "for a results file.")
+    format: str = Field(description="The records' format as validated: chat, prompt_completion, text, "
+                                    "preference (pairs, for dpo); csv for a results file.")
     examples: int = Field(description="Records in the file (rows for a results file).")
     sha256: str | None = Field(default=None, description="Of the bytes uploaded; null for a file the API made.")
 

@@ -247,6 +247,10 @@ class TelemetryPoint(CamelModel):
     tensor_active: TensorActive
     dram_bandwidth: DramBandwidth
     kernel_active: KernelActive
+    reward_margin: float | None = Field(description="dpo: the mean reward of the chosen answers less that of the "
+                                                    "rejected (beta x log-ratio to the reference); null for sft.")
+    preference_accuracy: float | None = Field(description="dpo: the share of pairs whose chosen answer has the "
+                                                          "higher reward; null for sft.")
 
 
 class RankOwnSeconds(CamelModel):
@@ -302,9 +306,19 @@ class OpenAIHyperparameters(BaseModel):
     """OpenAI's hyperparameters: asked for ("auto": tunewright chooses), and answered as chosen."""
 
     n_epochs: int | Literal["auto"] = "auto"
-    batch_size: int | Literal["auto"] = "auto"
+    batch_size: int | Literal["auto"] = Field(default="auto", description="Examples per optimizer step (dpo: "
+                                                                         "preference pairs).")
     learning_rate_multiplier: float | Literal["auto"] = Field(
-        default="auto", description="Times the method's base learning rate (2e-4 for lora, 2e-5 for full).")
+        default="auto", description="Times the method's base learning rate (supervised: 2e-4 for lora, 2e-5 for "
+                                    "full; dpo: 1e-5 for lora, 1e-6 for full).")
+
+
+class OpenAIDpoHyperparameters(OpenAIHyperparameters):
+    """OpenAI's DPO hyperparameters: the supervised ones, and beta."""
+
+    beta: Annotated[float, Field(gt=0, le=100)] | Literal["auto"] = Field(
+        default="auto", description="How strongly the policy is held near the reference model (the spec's "
+                                    "method.dpo.beta; auto: 0.1).")
 
 
 class Supervised(BaseModel):
@@ -313,11 +327,40 @@ class Supervised(BaseModel):
     hyperparameters: OpenAIHyperparameters = Field(default_factory=OpenAIHyperparameters)
 
 
-class Method(BaseModel):
-    """OpenAI's fine-tuning method: supervised only (LoRA or full fine-tuning is tunewright's `method_type`)."""
+class Dpo(BaseModel):
+    """OpenAI's DPO method (Direct Preference Optimization): its hyperparameters."""
 
-    type: Literal["supervised"] = "supervised"
-    supervised: Supervised = Field(default_factory=Supervised)
+    hyperparameters: OpenAIDpoHyperparameters = Field(default_factory=OpenAIDpoHyperparameters)
+
+
+class Method(BaseModel):
+    """OpenAI's fine-tuning method: its type, and that type's settings (the only one of `supervised` and `dpo`
+    present). supervised is the spec's method.objective sft, dpo its dpo (on preference pairs); LoRA or full
+    fine-tuning, either way, is tunewright's `method_type`."""
+
+    type: Literal["supervised", "dpo"] = "supervised"
+    supervised: Supervised | None = Field(default=None, description="With type supervised.")
+    dpo: Dpo | None = Field(default=None, description="With type dpo.")
+
+    @model_validator(mode="after")
+    def _settings_of_its_type(self) -> Method:
+        other = "dpo" if self.type == "supervised" else "supervised"
+        if getattr(self, other) is not None:
+            raise ValueError(f"{other} is given but type is {self.type}: give the settings of the type "
+                             f"({self.type}), or type {other}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _only_its_type(self, handler):  # no return annotation: the document keeps the model's own schema
+        """As OpenAI answers it: the type and its own settings, no null for the other."""
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+    @property
+    def hyperparameters(self) -> OpenAIHyperparameters:
+        """The settings of its type, as given or all "auto"."""
+        if self.type == "dpo":
+            return (self.dpo or Dpo()).hyperparameters
+        return (self.supervised or Supervised()).hyperparameters
 
 
 class TunewrightExtras(BaseModel):

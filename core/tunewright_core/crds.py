@@ -27,8 +27,19 @@ GROUP, VERSION = "tunewright.dev", "v1alpha1"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "charts" / "tunewright" / "crds"
 DROPPED_KEYWORDS = {"title", "$defs", "discriminator"}
 
-# Rules a field's own schema cannot state, where they span fields (CEL, checked by the API server).
+# Rules a field's own schema cannot state, where they span fields (CEL, checked by the API server), by their
+# path within the FineTuneJob spec.
+_DPO = "has(self.method) && has(self.method.objective) && self.method.objective == 'dpo'"
+_PAIRS = "has(self.dataset.format) && self.dataset.format == 'preference'"
 CEL_RULES: dict[tuple[str, ...], list[dict]] = {
+    (): [  # the spec's own: FineTuneJobSpec._objective_fits_the_format
+        {"rule": f"!({_DPO}) || ({_PAIRS})",
+         "message": "dataset.format: method.objective dpo trains on preference pairs: set dataset.format to "
+                    "preference"},
+        {"rule": f"!({_PAIRS}) || ({_DPO})",
+         "message": "method.objective: dataset.format preference holds preference pairs, which only objective dpo "
+                    "trains on: set method.objective to dpo"},
+    ],
     ("hyperparameters",): [
         {"rule": "!(has(self.globalBatchSize) && has(self.globalBatchTokens))",
          "message": "set globalBatchSize or globalBatchTokens, not both"},
@@ -84,15 +95,16 @@ def _convert(node: Any, defs: dict) -> Any:
     return out
 
 
-def _annotate(schema: dict, path: tuple[str, ...] = ()) -> dict:
-    """CEL rules and list-map keys at their paths."""
-    if path in CEL_RULES:
-        schema["x-kubernetes-validations"] = CEL_RULES[path]
+def _annotate(schema: dict, path: tuple[str, ...] = (), rules: dict[tuple[str, ...], list[dict]] | None = None
+              ) -> dict:
+    """CEL rules (paths within `schema`: () is the schema itself) and list-map keys at their paths."""
+    if rules and path in rules:
+        schema["x-kubernetes-validations"] = copy.deepcopy(rules[path])
     for name, sub in schema.get("properties", {}).items():
         if name in LIST_MAP_KEYS and sub.get("type") == "array":
             sub["x-kubernetes-list-type"] = "map"
             sub["x-kubernetes-list-map-keys"] = LIST_MAP_KEYS[name]
-        _annotate(sub, (*path, name))
+        _annotate(sub, (*path, name), rules)
     return schema
 
 
@@ -130,7 +142,7 @@ def _crd(kind: str, plural: str, short: str, scope: str, root: dict, columns: li
 
 
 def finetunejob_crd() -> dict:
-    spec = _annotate(structural(FineTuneJobSpec))
+    spec = _annotate(structural(FineTuneJobSpec), rules=CEL_RULES)
     spec["description"] = "What to fine-tune; tunewright decides how (the plan, in status)."
     root = _root("A fine-tuning job: planned on a GPUPool and run as a KubeRay RayJob.", spec,
                  _annotate(structural(FineTuneJobStatus)))

@@ -11,8 +11,13 @@ from tunewright_core.spec import FineTuneJobSpec, JobPlan
 
 def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_dir: str, train: str,
                    validation: str | None, checkpoint_storage: str | None = None,
-                   metrics_path: str | None = None, telemetry_endpoint: str | None = None) -> dict:
-    """`train`/`validation` are what the workers read (uploaded file ids resolved to paths by the caller)."""
+                   metrics_path: str | None = None, telemetry_endpoint: str | None = None,
+                   reference: str | None = None) -> dict:
+    """`train`/`validation` are what the workers read (uploaded file ids resolved to paths by the caller);
+    `reference`: what they read for method.dpo.reference (a volume's pod path), when not the spec's own.
+
+    The objective and its settings are written for dpo only: sft is the runtime's default, so the config of an
+    sft job is what it always was."""
     hp, method = spec.hyperparameters, spec.method
     hyperparameters = {
         "learning_rate": hp.learning_rate, "seq_len": hp.seq_len, "warmup_ratio": hp.warmup_ratio,
@@ -32,13 +37,19 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
         strategy["hsdp_shard_size"] = plan.shard_group
     if plan.cpu_offload:
         strategy["cpu_offload"] = True
+    method_config: dict = {"type": method.type, "lora": {"r": method.lora.r, "alpha": method.lora.alpha,
+                                                         "dropout": method.lora.dropout,
+                                                         "target_modules": list(method.lora.target_modules)}}
+    if method.objective == "dpo":
+        dpo = method.dpo
+        method_config["objective"] = "dpo"
+        method_config["dpo"] = {"beta": dpo.beta, "label_smoothing": dpo.label_smoothing,
+                                "reference": reference or dpo.reference}
     config = {
         "name": name,
         "output_dir": output_dir,
         "model": {"source": spec.model.source, "revision": spec.model.revision},
-        "method": {"type": method.type, "lora": {"r": method.lora.r, "alpha": method.lora.alpha,
-                                                 "dropout": method.lora.dropout,
-                                                 "target_modules": list(method.lora.target_modules)}},
+        "method": method_config,
         "dataset": {"train": train, "validation": validation, "format": spec.dataset.format},
         "hyperparameters": hyperparameters,
         "strategy": strategy,

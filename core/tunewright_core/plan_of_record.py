@@ -20,8 +20,13 @@ MAX_PLAN_CHARACTERS = 65536  # a plan with its rejected options is a few kB; ann
 
 
 def spec_hash(spec: FineTuneJobSpec) -> str:
-    """What a run is made from: everything in the spec but `suspend` (which may change while it runs)."""
-    return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude={"suspend"}).encode()).hexdigest()
+    """What a run is made from: everything in the spec but `suspend` (which may change while it runs). An sft
+    spec's hash leaves out the fields dpo added (method.objective, method.dpo), so that it is what it was before
+    them: a job that ran then is not taken for a changed one (nor its plan of record for another spec's)."""
+    exclude: dict = {"suspend": True}
+    if spec.method.objective == "sft":
+        exclude["method"] = {"objective": True, "dpo": True}
+    return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude=exclude).encode()).hexdigest()
 
 
 def fingerprint(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> str:

@@ -37,12 +37,20 @@ drops the earlier ones on resume; a consumer of the POSTed records should let th
     peak DRAM bandwidth used. null where not read, with gpu_activity_unavailable saying why.
     kernel_active_share: NVML `utilization.gpu` over the window (any kernel running, however small), mean
     over ranks; null where not read.
+    With `method.objective: dpo` a step's batch is preference pairs: loss is the mean DPO loss over the
+    window's pairs, and over them (null otherwise): chosen_reward, rejected_reward: the mean reward of the
+    chosen and of the rejected answers (beta x the answer's log-probability ratio to the reference model);
+    reward_margin: the mean of chosen less rejected reward; preference_accuracy: the share of pairs whose
+    chosen reward is the higher.
 `eval` (at step 0 of a fresh run, every `eval.every_steps`, and at the end; only with a validation set)
     val_loss: mean cross-entropy over the validation set's labelled tokens (at most `eval.max_batches`
     micro-batches per rank).  val_token_accuracy: share of those tokens predicted exactly.
     exact_match: share of validation answers generated exactly (greedy, after stripping);
     exact_match_examples: how many were scored. Both only when exact match ran (`eval.exact_match`: at step 0
     and at the end), else null.
+    With `method.objective: dpo`, over the validation pairs: val_loss is the mean DPO loss,
+    val_token_accuracy that of the chosen answers' tokens; preference_accuracy, reward_margin as in `step`
+    (null otherwise).
 `comm` (after each profiled window, `metrics.profile`; `step`: the window's last step, counted from 1)
     profiled_steps: steps in the window.  profiled_step_seconds: wall time per step in the window.
     comm_share: share of the window spent in collectives, mean over ranks; comm_share_exposed: the part no
@@ -159,6 +167,11 @@ class StepRecord(_Record):
     dram_bandwidth_share: Share | None = None
     kernel_active_share: Share | None = None
     gpu_activity_unavailable: Annotated[str, Field(max_length=500)] | None = None
+    # objective dpo, over the window's preference pairs (mean rewards: beta x log-ratio to the reference)
+    chosen_reward: Measured = None
+    rejected_reward: Measured = None
+    reward_margin: Measured = None
+    preference_accuracy: MeasuredShare = None
 
 
 class EvalMetrics(_Strict):
@@ -166,6 +179,9 @@ class EvalMetrics(_Strict):
     val_token_accuracy: MeasuredShare
     exact_match: MeasuredShare = None
     exact_match_examples: Count | None = None
+    # objective dpo, over the validation pairs
+    preference_accuracy: MeasuredShare = None
+    reward_margin: Measured = None
 
 
 class EvalRecord(EvalMetrics, _Record):

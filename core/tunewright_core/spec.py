@@ -25,7 +25,10 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MethodType = Literal["lora", "full"]
-DatasetFormat = Literal["chat", "prompt_completion", "text"]
+Objective = Literal["sft", "dpo"]
+DatasetFormat = Literal["chat", "prompt_completion", "text", "preference"]
+# the dataset format each objective trains on: dpo on preference pairs, sft on any other
+PREFERENCE_FORMAT = "preference"
 DEFAULT_EPOCHS = 1
 DEFAULT_GLOBAL_BATCH = 16  # sequences per optimizer step when the spec leaves it to tunewright
 
@@ -108,21 +111,47 @@ class LoraSpec(CamelModel):
         description='Modules to adapt, or ["all-linear"].')
 
 
-class MethodSpec(CamelModel):
-    """How the model is trained: LoRA adapters or all weights."""
+class DpoSpec(CamelModel):
+    """Direct preference optimization (method.objective dpo): the policy learns to prefer each example's chosen
+    answer over its rejected one, held near a frozen reference model."""
 
-    type: MethodType = Field(default="lora", description="LoRA adapters or full fine-tuning.")
+    beta: Annotated[float, Field(gt=0, le=100)] = Field(
+        default=0.1, description="Strength of the pull toward the reference model (the KL penalty's weight): "
+                                 "higher keeps the policy closer to it.")
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = Field(
+        default=0.0, description="Share of preference labels taken to be flipped (conservative DPO); 0 trusts "
+                                 "every label.")
+    reference: Printable | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description="The model training starts from and is held near, e.g. an SFT run's merged export, in the forms "
+                    "of model.source (same architecture; model.source's tokenizer). Default: model.source. With "
+                    "LoRA the reference is those weights with the adapters off; full fine-tuning holds a frozen "
+                    "copy of them.")
+
+
+class MethodSpec(CamelModel):
+    """How the model is trained: the objective (SFT or DPO), and LoRA adapters or all weights (either objective)."""
+
+    type: MethodType = Field(default="lora", description="LoRA adapters or full fine-tuning, whatever the "
+                                                         "objective.")
+    objective: Objective = Field(
+        default="sft", description="The training objective: sft learns the answers (dataset.format chat, "
+                                   "prompt_completion or text); dpo learns to prefer each chosen answer over its "
+                                   "rejected one (dataset.format preference). Orthogonal to type.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings (ignored for full).")
+    dpo: DpoSpec = Field(default_factory=DpoSpec, description="DPO settings (ignored for sft).")
 
 
 class DatasetSpec(CamelModel):
-    """The data: JSONL in one of three formats (chat, prompt_completion, text)."""
+    """The data: JSONL in one of four formats (chat, prompt_completion, text; preference for dpo)."""
 
     train: Printable = Field(min_length=1, max_length=1024,
                        description="Training JSONL: an uploaded file id (file-...) or a path/URI the workers read.")
     validation: Printable | None = Field(default=None, max_length=1024,
                                    description="Validation JSONL, same forms as train.")
-    format: DatasetFormat = Field(default="chat", description="Record format.")
+    format: DatasetFormat = Field(
+        default="chat", description="Record format: chat, prompt_completion or text (objective sft); preference "
+                                    "(a prompt, a chosen and a rejected answer: objective dpo).")
 
 
 class HyperparametersSpec(CamelModel):
@@ -133,7 +162,8 @@ class HyperparametersSpec(CamelModel):
         default=None, description="Optimizer steps; overrides epochs.")
     learning_rate: Annotated[float, Field(gt=0, le=1)] = Field(default=2e-4, description="Peak learning rate.")
     global_batch_size: Annotated[int, Field(gt=0, le=65536)] | None = Field(
-        default=None, description=f"Sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}).")
+        default=None, description=f"Sequences per optimizer step (default {DEFAULT_GLOBAL_BATCH}); with objective "
+                                  "dpo, preference pairs (two sequences each).")
     global_batch_tokens: Annotated[int, Field(gt=0, le=2**30)] | None = Field(
         default=None, description="Tokens per optimizer step, a multiple of seqLen (instead of globalBatchSize).")
     seq_len: Annotated[int, Field(gt=0, le=1_048_576)] = Field(
@@ -209,13 +239,26 @@ class FineTuneJobSpec(CamelModel):
     """What to fine-tune; tunewright decides how (the plan, in status)."""
 
     model: ModelSpec = Field(description="The model to start from.")
-    method: MethodSpec = Field(default_factory=MethodSpec, description="LoRA or full fine-tuning.")
+    method: MethodSpec = Field(default_factory=MethodSpec, description="The objective (sft or dpo), and LoRA or "
+                                                                       "full fine-tuning.")
     dataset: DatasetSpec = Field(description="Training (and validation) data.")
     hyperparameters: HyperparametersSpec = Field(default_factory=HyperparametersSpec, description="Optimization.")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Pool, GPUs, strategy, budget.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints and results.")
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec, description="Validation during training.")
     suspend: bool = Field(default=False, description="Hold the job without running it.")
+
+    @model_validator(mode="after")
+    def _objective_fits_the_format(self) -> FineTuneJobSpec:
+        """dpo trains on preference pairs and nothing else does (crds.CEL_RULES says the same to the API server)."""
+        dpo, pairs = self.method.objective == "dpo", self.dataset.format == PREFERENCE_FORMAT
+        if dpo and not pairs:
+            raise ValueError(f"dataset.format: method.objective dpo trains on preference pairs: set dataset.format "
+                             f"to preference (not {self.dataset.format})")
+        if pairs and not dpo:
+            raise ValueError(f"method.objective: dataset.format preference holds preference pairs, which only "
+                             f"objective dpo trains on: set method.objective to dpo (not {self.method.objective})")
+        return self
 
 
 # --- the plan ----------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class ClusterStorage:
     checkpoints: str
     datasets: dict[str, str]
     model: str
+    reference: str | None = None  # method.dpo.reference as the pods see it (objective dpo; None: model.source)
 
 
 def cluster_storage(spec: FineTuneJobSpec, default_storage: str | None = None) -> ClusterStorage:
@@ -100,7 +101,10 @@ def cluster_storage(spec: FineTuneJobSpec, default_storage: str | None = None) -
         elif value:
             raise NotRunnable(f"{field_name}: {value!r}: on a cluster, data is an uploaded file (file-...) or "
                               "on a volume (pvc://claim/path)")
-    return ClusterStorage(volumes, checkpoints, datasets, volumes.path(spec.model.source, "model.source"))
+    model = volumes.path(spec.model.source, "model.source")
+    dpo = spec.method.dpo if spec.method.objective == "dpo" else None
+    reference = volumes.path(dpo.reference, "method.dpo.reference") if dpo and dpo.reference else None
+    return ClusterStorage(volumes, checkpoints, datasets, model, reference)
 
 
 def check_runnable(spec: FineTuneJobSpec, plan: JobPlan, default_storage: str | None = None) -> ClusterStorage:

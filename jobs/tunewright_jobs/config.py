@@ -14,7 +14,15 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 PositiveInt = Annotated[int, Field(gt=0)]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -61,19 +69,53 @@ class LoraConfig(_Strict):
     )
 
 
+class DpoConfig(_Strict):
+    """Direct Preference Optimization, as TRL's DPOTrainer computes it (loss_type sigmoid)."""
+
+    beta: PositiveFloat = Field(default=0.1, description="How far the policy may move from the reference: the "
+                                "reward of a completion is beta x its log-probability ratio to the reference.")
+    label_smoothing: Annotated[float, Field(ge=0, lt=0.5)] = Field(
+        default=0.0, description="Conservative DPO: the share of preference labels assumed flipped. 0: the "
+                                 "sigmoid loss.")
+    reference: str | None = Field(
+        default=None,
+        description="Model folder or Hugging Face id (e.g. an SFT run's merged export) that is both the reference "
+                    "and the starting point of the policy; its tokenizer is model.source's. None: model.source.")
+
+    @property
+    def resolved_reference(self) -> str | None:
+        return None if self.reference is None else self.reference.removeprefix("hf://")
+
+
 class MethodConfig(_Strict):
     type: Literal["lora", "full"] = "lora"
     lora: LoraConfig = Field(default_factory=LoraConfig)
+    objective: Literal["sft", "dpo"] = Field(
+        default="sft", description="sft: next-token cross-entropy on the labelled tokens. dpo: preference pairs "
+                                   "(dataset.format preference), against a frozen reference (method.dpo).")
+    dpo: DpoConfig = Field(default_factory=DpoConfig)
 
 
 class DatasetConfig(_Strict):
     train: str = Field(description="JSONL file of training examples.")
     validation: str | None = Field(default=None, description="Optional JSONL file of validation examples.")
-    format: Literal["chat", "prompt_completion", "text"] = "chat"
+    format: Literal["chat", "prompt_completion", "text", "preference"] = Field(
+        default="chat", description="preference: pairs of a preferred and a rejected answer (method.objective dpo).")
     packing: bool = Field(
         default=True,
-        description="Pack several examples per sequence; attention never crosses example boundaries.",
+        description="Pack several examples per sequence; attention never crosses example boundaries. Preference "
+                    "pairs: the sequences of each micro-batch's pairs packed together.",
     )
+
+    @field_validator("format", mode="wrap")
+    @classmethod
+    def _format_of_an_objective(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> str:
+        """A format that is none of them is told which objective each one trains."""
+        try:
+            return handler(value)
+        except ValidationError:
+            raise ValueError("Input should be 'chat', 'prompt_completion' or 'text' (method.objective sft), or "
+                             "'preference' (method.objective dpo)") from None
 
 
 class Hyperparameters(_Strict):
@@ -85,7 +127,7 @@ class Hyperparameters(_Strict):
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     max_grad_norm: PositiveFloat | None = 1.0
     global_batch_size: PositiveInt | None = Field(
-        default=None, description="Sequences (packed rows) per optimizer step."
+        default=None, description="Sequences (packed rows) per optimizer step; preference pairs with objective dpo."
     )
     global_batch_tokens: PositiveInt | None = Field(
         default=None, description="Tokens per optimizer step (= global_batch_size x seq_len)."
@@ -246,11 +288,30 @@ class JobConfig(_Strict):
         self.batch_plan()  # raises with the numbers when the global batch does not divide
         if self.eval.exact_match and self.dataset.validation is None:
             raise ValueError("eval.exact_match: needs dataset.validation")
+        self._objective_fits_the_data()
         return self
+
+    def _objective_fits_the_data(self) -> None:
+        dpo, pairs = self.method.objective == "dpo", self.dataset.format == "preference"
+        if dpo and not pairs:
+            raise ValueError(f"dataset.format: method.objective dpo trains on preference pairs, not "
+                             f"{self.dataset.format}: set dataset.format: preference")
+        if pairs and not dpo:
+            raise ValueError(f"method.objective: preference pairs train with objective dpo, not "
+                             f"{self.method.objective}: set method.objective: dpo")
 
     @property
     def checkpoint_storage(self) -> str:
         return self.checkpoint.storage or str(Path(self.output_dir) / "checkpoints")
+
+    @property
+    def weights_source(self) -> tuple[str, str | None]:
+        """(where, revision) the starting weights are read from: dpo's reference where one is given (a folder or
+        hub id of its own, no revision), else model.source."""
+        reference = self.method.dpo.resolved_reference if self.method.objective == "dpo" else None
+        if reference is not None:
+            return reference, None
+        return self.model.resolved_source, self.model.revision
 
     @property
     def metrics_path(self) -> str:

@@ -84,10 +84,16 @@ def end_of_turn_id(tokenizer) -> int | None:
     return next((i for i in tail if i in special), None)
 
 
+def closes_turns(tokenizer, fmt: str) -> bool:
+    """Whether answers were trained to end with the chat template's end of turn: chat always; preference pairs
+    where the tokenizer has a template (it is given one for pairs of messages)."""
+    return fmt == "chat" or (fmt == "preference" and bool(getattr(tokenizer, "chat_template", None)))
+
+
 def stop_token_ids(tokenizer, fmt: str, model_eos: int | list[int] | None = None) -> list[int]:
     """The tokens generation ends at: the end of an assistant turn (chat), then eos, the tokenizer's and
     the model's (`model_eos`, from its generation config)."""
-    ids = [end_of_turn_id(tokenizer)] if fmt == "chat" else []
+    ids = [end_of_turn_id(tokenizer)] if closes_turns(tokenizer, fmt) else []
     ids += [tokenizer.eos_token_id, *(model_eos if isinstance(model_eos, list) else [model_eos])]
     return list(dict.fromkeys(i for i in ids if i is not None))
 
@@ -268,6 +274,16 @@ def micro_batches(batch: Rows, rank: int, world: int, micro_batch_size: int) -> 
     for slot in range(rank, slots, world):
         sl = slice(slot * per_slot, (slot + 1) * per_slot)
         yield Rows(batch.input_ids[sl], batch.labels[sl], batch.position_ids[sl], batch.real_tokens[sl])
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What the training step runs on: the global batch's size in the units its loss is the mean over
+    (labelled tokens, or preference pairs), its non-padding tokens, and this rank's micro-batches."""
+
+    units: int
+    tokens: int
+    micro_batches: list[dict]  # each micro-batch's tensors, on this rank's device
 
 
 def eval_rows(data: TokenizedDataset, seq_len: int, pad_id: int, packing: bool) -> Rows:

@@ -19,18 +19,23 @@ class DatasetError(ValueError):
     """A dataset that cannot be used; the message names the file, the line and the reason."""
 
 
-def _check_chat(record: dict) -> str | None:
-    messages = record.get("messages")
+def _check_messages(messages, where: str, roles: set[str] = CHAT_ROLES) -> str | None:
     if not isinstance(messages, list) or not messages:
-        return '"messages" must be a non-empty list'
+        return f'"{where}" must be a non-empty list'
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            return f"messages[{i}] must be an object"
-        if msg.get("role") not in CHAT_ROLES:
-            return f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}, got {msg.get('role')!r}"
+            return f"{where}[{i}] must be an object"
+        if msg.get("role") not in roles:
+            return f"{where}[{i}].role must be one of {sorted(roles)}, got {msg.get('role')!r}"
         if not isinstance(msg.get("content"), str):
-            return f"messages[{i}].content must be a string"
-    if not any(m["role"] == "assistant" for m in messages):
+            return f"{where}[{i}].content must be a string"
+    return None
+
+
+def _check_chat(record: dict) -> str | None:
+    if problem := _check_messages(record.get("messages"), "messages"):
+        return problem
+    if not any(m["role"] == "assistant" for m in record["messages"]):
         return "no assistant message: nothing to learn from"
     return None
 
@@ -49,7 +54,45 @@ def _check_text(record: dict) -> str | None:
     return None
 
 
-_CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text}
+OPENAI_PREFERENCE_KEYS = ("input", "preferred_output", "non_preferred_output")
+PREFERENCE_KEYS = ("prompt", "chosen", "rejected")
+
+
+def _check_answer(record: dict, key: str, conversational: bool) -> str | None:
+    """A preferred or rejected answer: text, or (after a prompt of messages) assistant messages."""
+    answer = record.get(key)
+    if isinstance(answer, list) and conversational:
+        return _check_messages(answer, key, {"assistant"})
+    if not isinstance(answer, str) or not answer:
+        return f'"{key}" must be a non-empty string' + (" or a list of assistant messages" if conversational else "")
+    return None
+
+
+def _check_preference(record: dict) -> str | None:
+    """OpenAI's preference shape, or the prompt/chosen/rejected one (TRL's), text or messages."""
+    if any(key in record for key in OPENAI_PREFERENCE_KEYS):
+        prompt = record.get("input")
+        if not isinstance(prompt, dict):
+            return '"input" must be an object with "messages"'
+        if problem := _check_messages(prompt.get("messages"), "input.messages"):
+            return problem
+        return next(filter(None, (_check_messages(record.get(key), key, {"assistant"})
+                                  for key in OPENAI_PREFERENCE_KEYS[1:])), None)
+    if not any(key in record for key in PREFERENCE_KEYS):
+        return ('a preference pair needs "input", "preferred_output" and "non_preferred_output" (OpenAI\'s shape) '
+                'or "prompt", "chosen" and "rejected"')
+    prompt = record.get("prompt")
+    conversational = isinstance(prompt, list)
+    if conversational:
+        if problem := _check_messages(prompt, "prompt"):
+            return problem
+    elif not isinstance(prompt, str):
+        return '"prompt" must be a string or a list of messages'
+    return next(filter(None, (_check_answer(record, key, conversational) for key in PREFERENCE_KEYS[1:])), None)
+
+
+_CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text,
+           "preference": _check_preference}
 
 
 def _scan(path: Path, fmt: str):
@@ -83,8 +126,12 @@ def _scan(path: Path, fmt: str):
 
 def text_characters(record: dict) -> int:
     """The characters of text a (valid) record holds, whatever its format."""
-    parts = [m.get("content") for m in record.get("messages") or []] + [record.get(k) for k in ("prompt",
-                                                                                                "completion", "text")]
+    openai_prompt = record.get("input")
+    fields = [record.get(key) for key in ("messages", "completion", "text", *PREFERENCE_KEYS,
+                                          *OPENAI_PREFERENCE_KEYS[1:])]
+    fields.append(openai_prompt.get("messages") if isinstance(openai_prompt, dict) else None)
+    # a field is text, or messages whose contents are
+    parts = fields + [m.get("content") for field in fields if isinstance(field, list) for m in field]
     return sum(len(p) for p in parts if isinstance(p, str))
 
 

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from tunewright_core.records import ExportPaths
 from tunewright_jobs.config import JobConfig
-from tunewright_jobs.data import end_of_turn_id, stop_token_ids
+from tunewright_jobs.data import closes_turns, end_of_turn_id, stop_token_ids
 from tunewright_jobs.parallel import Dist
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def stopping_generation_config(cfg: JobConfig, model, tokenizer):
     generation.eos_token_id = stop_token_ids(tokenizer, cfg.dataset.format, generation.eos_token_id)
     # No longer config.json's: transformers 4.x's generate() rebuilds a config so marked from config.json.
     generation._from_model_config = False
-    if cfg.dataset.format == "chat" and end_of_turn_id(tokenizer) is None:
+    if closes_turns(tokenizer, cfg.dataset.format) and end_of_turn_id(tokenizer) is None:
         log.warning("the chat template closes turns with no special token: generation will stop only at eos")
     return generation
 
@@ -78,7 +78,7 @@ def stopping_generation_config(cfg: JobConfig, model, tokenizer):
 def tokenizer_for_export(cfg: JobConfig, tokenizer):
     """For chat, a copy whose eos is the end-of-turn token (as chat models' tokenizers have it), for code
     that stops at `tokenizer.eos_token_id`; the training tokenizer is left as it is."""
-    end_of_turn = end_of_turn_id(tokenizer) if cfg.dataset.format == "chat" else None
+    end_of_turn = end_of_turn_id(tokenizer) if closes_turns(tokenizer, cfg.dataset.format) else None
     if end_of_turn is None or end_of_turn == tokenizer.eos_token_id:
         return tokenizer
     exported = copy.deepcopy(tokenizer)
@@ -92,11 +92,12 @@ def save_generation_files(out_dir: Path, tokenizer, generation) -> None:
 
 
 def merge_adapter(cfg: JobConfig, adapter_dir: Path, out_dir: Path) -> None:
-    """Base weights (re-read from the source, on the CPU) with the adapter folded in."""
+    """Base weights (re-read from where training started, on the CPU) with the adapter folded in."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(cfg.model.resolved_source, revision=cfg.model.revision,
+    source, revision = cfg.weights_source
+    base = AutoModelForCausalLM.from_pretrained(source, revision=revision,
                                                 trust_remote_code=cfg.model.trust_remote_code, dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(out_dir)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tunewright_jobs.config import JobConfig
-from tunewright_jobs.data import IGNORE_INDEX
+from tunewright_jobs.data import IGNORE_INDEX, Rows
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,9 @@ def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype
     else:
         reasons.append(f"attention: {attention} (asked for)")
 
-    head = _head_blocker(lm)
+    # DPO weighs each sequence's log-probability by a factor known only once the whole pair is scored: the
+    # fused loss's one sum over all tokens, with its gradient made in forward, cannot give it
+    head = "DPO scores each sequence's log-probability" if cfg.method.objective == "dpo" else _head_blocker(lm)
     if k.fused_loss == "on" and head:
         raise ValueError(f"kernels.fused_loss: {head}; use auto to fall back to the plain loss")
     fused = k.fused_loss == "on" or (k.fused_loss == "auto" and head is None)
@@ -317,6 +319,14 @@ def copy_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def to_device(batch: Rows, device: torch.device, kernels: Kernels) -> dict[str, torch.Tensor]:
+    """A micro-batch's tensors on the device, with the packing's document offsets for varlen attention (and
+    whether its rows hold one document each)."""
+    tensors = {name: copy_to_device(getattr(batch, name), device) for name in ("input_ids", "labels", "position_ids")}
+    return tensors | (varlen_inputs(batch.position_ids, batch.real_tokens, device) if kernels.attention == VARLEN
+                      else {})
 
 
 def varlen_inputs(position_ids: np.ndarray, real_tokens: np.ndarray, device: torch.device) -> dict:

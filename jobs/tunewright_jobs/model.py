@@ -41,8 +41,9 @@ def load_model(cfg: JobConfig):
     """The causal LM, LoRA-wrapped when asked, on the CPU (sharding moves each rank's part to its device)."""
     from transformers import AutoModelForCausalLM
 
+    source, revision = cfg.weights_source
     model = AutoModelForCausalLM.from_pretrained(
-        cfg.model.resolved_source, dtype=weights_dtype(cfg), revision=cfg.model.revision,
+        source, dtype=weights_dtype(cfg), revision=revision,
         trust_remote_code=cfg.model.trust_remote_code, attn_implementation=loaded_attention(cfg),
     )
     model.config.use_cache = False

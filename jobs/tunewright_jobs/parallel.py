@@ -104,6 +104,14 @@ def mesh_shape(cfg: JobConfig, world_size: int) -> tuple[int, ...]:
     return (world_size,)  # single (a world of one) and fsdp
 
 
+def device_mesh(cfg: JobConfig, dist: Dist):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = mesh_shape(cfg, dist.world_size)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    return init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
+
+
 def keeps_blocks_gathered(shard_size: int, offload: bool, frozen_in_fsdp: bool) -> bool:
     """Whether each block's compute copy is kept from its forward to its backward. A shard of one GPU is the
     whole model: freeing a block's bf16 copy after its forward saves no transfer, only memory, and costs a
@@ -145,27 +153,53 @@ def shard_model(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.
     gradient reduction. A block's gathered copy is freed after its forward unless `keeps_blocks_gathered`
     or `strategy.reshard_after_forward: false` keeps it for its backward (ZeRO-2-like: one all-gather per
     block per micro-batch instead of two); the root (embeddings, head) follows the blocks."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
-    from tunewright_jobs.model import transformer_blocks
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     shape = mesh_shape(cfg, dist.world_size)
-    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-    mesh = init_device_mesh(dist.device.type, shape, mesh_dim_names=names)
     dtype = compute_dtype(cfg, dist.device)
     offload = cfg.strategy.cpu_offload
     outside = one_gpu_shards(model, shard_size=shape[-1], offload=offload, dtype=dtype)
     frozen_in_fsdp = any(not p.requires_grad and p not in outside.get("ignored_params", ()) for p in model.parameters())
-    options = {"mesh": mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
+    options = {"mesh": device_mesh(cfg, dist),
+               "mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32),
                "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(),
                "reshard_after_forward": cfg.strategy.reshard_after_forward and not keeps_blocks_gathered(
                    shard_size=shape[-1], offload=offload, frozen_in_fsdp=frozen_in_fsdp),
                **outside}
+    return _shard_blocks(model, options, dist, offload)
+
+
+def place_frozen(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """A frozen model that runs beside the policy (DPO's reference), in eval mode and computing in the policy's
+    compute dtype, placed as the policy is: whole on each rank where the policy's shards are whole GPUs
+    (single, ddp: nothing to gather, and no gradient to reduce), else sharded by FSDP2 over the same mesh,
+    each block's weights gathered for its forward and freed after it (and offloaded with the policy)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+    model.requires_grad_(False).eval()
+    dtype = compute_dtype(cfg, dist.device)
+    offload = cfg.strategy.cpu_offload
+    if mesh_shape(cfg, dist.world_size)[-1] == 1 and not offload:
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+        return model.to(dist.device)
+    options = {"mesh": device_mesh(cfg, dist),
+               "mp_policy": MixedPrecisionPolicy(param_dtype=dtype),
+               "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy(), "reshard_after_forward": True}
+    return _shard_blocks(model, options, dist, offload)
+
+
+def _shard_blocks(model: torch.nn.Module, options: dict, dist: Dist, offload: bool) -> torch.nn.Module:
+    """FSDP2 on each transformer block, then on the rest; the model on its device, or offloaded."""
+    from torch.distributed.fsdp import fully_shard
+
+    from tunewright_jobs.model import transformer_blocks
+
     for block in transformer_blocks(model):
         fully_shard(block, **options)
     fully_shard(model, **options)
-    if not cfg.strategy.cpu_offload:
+    if not offload:
         return model.to(dist.device)
     # Offloaded parameters stay on the host (FSDP2 copies each block in for compute); buffers such as
     # rotary frequencies are not FSDP's and must be on the GPU.

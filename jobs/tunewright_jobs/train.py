@@ -38,6 +38,7 @@ from tunewright_jobs.data import (
     IGNORE_INDEX,
     EpochBatches,
     Rows,
+    StepInputs,
     chat_prompt,
     eval_rows,
     micro_batches,
@@ -48,19 +49,19 @@ from tunewright_jobs.data import (
 from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
 from tunewright_jobs.gpu_activity import GpuActivitySampler, pack, unpack_sum
-from tunewright_jobs.kernels import (
-    VARLEN,
-    Kernels,
-    compile_blocks,
-    copy_to_device,
-    for_evaluation,
-    loss_sum,
-    varlen_inputs,
-)
+from tunewright_jobs.kernels import Kernels, compile_blocks, for_evaluation, loss_sum, to_device
 from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts, transformer_blocks
 from tunewright_jobs.parallel import Dist, MasterWeights, gradient_sync, wrap_model
+from tunewright_jobs.preference import (
+    Pair,
+    PairBatches,
+    PreferenceObjective,
+    prompt_and_answer,
+    reference_copy,
+    tokenize_pairs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,12 @@ class Runtime:
 
 @dataclass
 class StepStats:
-    loss_sum: torch.Tensor  # this rank's summed token loss (device tensor: read at log time only)
-    targets: int  # labelled tokens in the global batch
+    loss_sum: torch.Tensor  # this rank's summed loss (device tensor: read at log time only)
+    targets: int  # what the loss is a mean over in the global batch: labelled tokens (sft) or pairs (dpo)
     tokens: int  # non-padding tokens in the global batch
     grad_norm: torch.Tensor
     lr: float
+    statistics: torch.Tensor  # this rank's sums of the objective's own statistics (none for sft)
 
 
 # --- building blocks ---------------------------------------------------------------------------------
@@ -137,39 +139,71 @@ def build_scheduler(cfg: JobConfig, optimizer, steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(schedule, s, warmup, steps))
 
 
-def to_device(batch: Rows, device: torch.device, kernels: Kernels) -> dict[str, torch.Tensor]:
-    """A micro-batch's tensors on the device, with the packing's document offsets for varlen attention (and
-    whether its rows hold one document each)."""
-    tensors = {name: copy_to_device(getattr(batch, name), device) for name in ("input_ids", "labels", "position_ids")}
-    return tensors | (varlen_inputs(batch.position_ids, batch.real_tokens, device) if kernels.attention == VARLEN
-                      else {})
+# --- the objectives ----------------------------------------------------------------------------------
+
+
+class NextTokenObjective:
+    """Cross-entropy of every labelled token (`method.objective: sft`) on packed rows. The objective is what
+    the loop asks for a step's micro-batches, their loss, the record's own fields and the evaluation; DPO's
+    is `preference.PreferenceObjective`."""
+
+    statistics = 0
+
+    def __init__(self, cfg: JobConfig, model, kernels: Kernels, dist: Dist, pad_id: int):
+        self.cfg, self.model, self.kernels, self.dist, self.pad_id = cfg, model, kernels, dist, pad_id
+        self.no_statistics = torch.zeros(0, device=dist.device)
+
+    def micro_batches(self, batch: Rows) -> StepInputs:
+        dist, targets = self.dist, int((batch.labels != IGNORE_INDEX).sum())
+        mbs = [to_device(mb, dist.device, self.kernels)
+               for mb in micro_batches(batch, dist.rank, dist.world_size, self.cfg.strategy.micro_batch_size)]
+        return StepInputs(targets, int(batch.real_tokens.sum()), mbs)
+
+    def loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        return loss_sum(self.model, batch, self.kernels), self.no_statistics
+
+    def step_fields(self, sums: list[float], targets: int) -> dict:
+        return {}
+
+    def evaluate(self, rows: Rows) -> dict[str, float]:
+        cfg = self.cfg
+        return validation_metrics(self.model, rows, self.dist, cfg.strategy.micro_batch_size, self.pad_id,
+                                  cfg.eval.max_batches)
+
+
+def build_objective(cfg: JobConfig, model, frozen, kernels: Kernels, dist: Dist, pad_id: int):
+    """The run's objective over the wrapped `model`; `frozen`: DPO's reference copy (`reference_copy`)."""
+    if cfg.method.objective == "dpo":
+        return PreferenceObjective(cfg, model, frozen, kernels, dist, pad_id)
+    return NextTokenObjective(cfg, model, kernels, dist, pad_id)
 
 
 # --- one optimizer step ------------------------------------------------------------------------------
 
 
-def train_step(cfg: JobConfig, model, masters: MasterWeights, optimizer, scheduler, batch: Rows, dist: Dist,
-               kernels: Kernels, timer: PhaseTimer) -> StepStats:
+def train_step(cfg: JobConfig, model, objective, masters: MasterWeights, optimizer, scheduler, batch,
+               dist: Dist, timer: PhaseTimer) -> StepStats:
     """Forward/backward over this rank's micro-batches, then clip and step.
 
-    The loss is the mean over every labelled token of the global batch (all micro-batches, all ranks),
-    whatever the packing: each micro-batch's summed loss is divided by that global count (known to every
-    rank, since each sees the whole global batch's rows), times the world size that gradient averaging
-    divides by.
+    The loss is the mean over the global batch's units (every labelled token, or every preference pair; all
+    micro-batches, all ranks), whatever the packing: each micro-batch's summed loss is divided by that global
+    count (known to every rank, since each sees the whole global batch), times the world size that gradient
+    averaging divides by.
     """
-    targets = int((batch.labels != IGNORE_INDEX).sum())
-    scale = dist.world_size / max(targets, 1)
-    mbs = [to_device(mb, dist.device, kernels) for mb in micro_batches(batch, dist.rank, dist.world_size,
-                                                                        cfg.strategy.micro_batch_size)]
+    inputs = objective.micro_batches(batch)
+    scale = dist.world_size / max(inputs.units, 1)
+    mbs = inputs.micro_batches
     timer.start_step()
     total = torch.zeros((), device=dist.device)
+    statistics = torch.zeros(objective.statistics, device=dist.device)
     try:
         for i, mb in enumerate(mbs):
             gradient_sync(model, cfg, last_micro_batch=i == len(mbs) - 1)
             masters.last_micro_batch(i == len(mbs) - 1)
-            loss = loss_sum(model, mb, kernels)
+            loss, sums = objective.loss(mb)
             (loss * scale).backward()
             total += loss.detach()
+            statistics += sums
         timer.mark("forward_backward")
         grad_norm = clip_gradients(optimizer, masters.trainable, cfg.hyperparameters.max_grad_norm)
         lr = scheduler.get_last_lr()[0]
@@ -179,7 +213,7 @@ def train_step(cfg: JobConfig, model, masters: MasterWeights, optimizer, schedul
         masters.refresh()  # after the gradients are freed, the copies take their place; after a failure too
     scheduler.step()
     timer.mark("optimizer")
-    return StepStats(total, targets, int(batch.real_tokens.sum()), grad_norm.detach(), lr)
+    return StepStats(total, inputs.units, inputs.tokens, grad_norm.detach(), lr, statistics)
 
 
 # --- the run -----------------------------------------------------------------------------------------
@@ -187,16 +221,18 @@ def train_step(cfg: JobConfig, model, masters: MasterWeights, optimizer, schedul
 
 @dataclass(frozen=True)
 class PreparedData:
-    batches: EpochBatches
+    batches: EpochBatches | PairBatches
     steps: int
-    train_examples: int
+    train_examples: int  # examples, or preference pairs
     truncated: int
-    val_rows: Rows | None
+    val_rows: Rows | list[Pair] | None  # the validation set as its objective evaluates it: rows, or pairs
     val_records: list[dict] | None
 
 
 def prepare_data(cfg: JobConfig, tokenizer) -> PreparedData:
     """Read, validate, tokenize and size the datasets: every error surfaces here, before training."""
+    if cfg.dataset.format == "preference":
+        return prepare_pairs(cfg, tokenizer)
     ds, hp = cfg.dataset, cfg.hyperparameters
     train_data = tokenize_dataset(tokenizer, read_jsonl(ds.train, ds.format), ds.format, hp.seq_len, ds.train)
     batches = EpochBatches(train_data, hp.seq_len, tokenizer.pad_token_id, ds.packing, hp.seed,
@@ -210,6 +246,19 @@ def prepare_data(cfg: JobConfig, tokenizer) -> PreparedData:
                         train_data.truncated, val_rows, val_records)
 
 
+def prepare_pairs(cfg: JobConfig, tokenizer) -> PreparedData:
+    """`prepare_data` for preference pairs: batches of pairs; the validation pairs in file order."""
+    ds, hp = cfg.dataset, cfg.hyperparameters
+    train_data = tokenize_pairs(tokenizer, read_jsonl(ds.train, ds.format), hp.seq_len, ds.train)
+    batches = PairBatches(train_data, hp.seed, cfg.batch_plan().global_batch_size)
+    val_pairs = val_records = None
+    if ds.validation:
+        val_records = read_jsonl(ds.validation, ds.format)
+        val_pairs = tokenize_pairs(tokenizer, val_records, hp.seq_len, ds.validation).pairs
+    return PreparedData(batches, total_steps(cfg, batches.steps_per_epoch), len(train_data.pairs),
+                        train_data.truncated, val_pairs, val_records)
+
+
 def preflight(cfg: JobConfig) -> PreparedData:
     """What a launcher runs before asking for workers or GPUs."""
     return prepare_data(cfg, load_tokenizer(cfg))
@@ -219,6 +268,8 @@ def answer_pairs(cfg: JobConfig, tokenizer, records: list[dict]) -> tuple[list[s
     records = records[: cfg.eval.exact_match_max_examples]
     if cfg.dataset.format == "chat":
         pairs = [chat_prompt(tokenizer, r["messages"]) for r in records]
+    elif cfg.dataset.format == "preference":  # scored against the chosen answer
+        pairs = [prompt_and_answer(tokenizer, r) for r in records]
     else:
         pairs = [(r["prompt"], r["completion"]) for r in records]
     return [p for p, _ in pairs], [a for _, a in pairs]
@@ -242,8 +293,8 @@ class LogWindow:
     """The steps since the last `step` record: their stats, their phases' and data's times, and the wall time
     they took, less the evaluations and checkpoints within it (`paused`): they are no step's."""
 
-    def __init__(self, dist: Dist, gpu_activity: bool):
-        self.dist = dist
+    def __init__(self, dist: Dist, gpu_activity: bool, objective):
+        self.dist, self.objective = dist, objective
         self.timer = PhaseTimer(dist.device)
         self.gpu_activity = GpuActivitySampler(dist.device, enabled=gpu_activity)
         self.restart()
@@ -267,7 +318,8 @@ class LogWindow:
     def record(self, step: int) -> StepRecord:
         """Collective: every rank reads its own GPU and adds its loss."""
         return summarize_window(step, self.epoch, self.steps, self.timer.collect(), self.data_seconds,
-                                time.perf_counter() - self.started - self.paused, self.dist, self.gpu_activity)
+                                time.perf_counter() - self.started - self.paused, self.dist, self.gpu_activity,
+                                self.objective)
 
     def close(self) -> None:
         self.gpu_activity.close()
@@ -307,10 +359,12 @@ class Trainer:
         # Exact match scores answers cut where the exported model's generation stops.
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)
         self.kernels = prepare_kernels(cfg, model, dist.device)
+        frozen = reference_copy(cfg, model, dist)  # DPO's reference in full fine-tuning: the initial weights
         blocks = transformer_blocks(model)  # found by class name, which sharding changes
         self.model, self.masters = wrap_model(cfg, model, dist)
         if self.kernels.compile_blocks:
             compile_blocks(blocks)
+        self.objective = build_objective(cfg, self.model, frozen, self.kernels, dist, self.tokenizer.pad_token_id)
         seed_everything(cfg.hyperparameters.seed + 1 + dist.rank)
         self.model.train()
 
@@ -329,7 +383,7 @@ class Trainer:
         """From the resumed step to the last: each step, then its record, evaluation and checkpoint if due."""
         eval_before = self.start()
         # opened after `start`, whose evaluation is no step's time
-        self.window = LogWindow(self.dist, self.cfg.metrics.gpu_activity)
+        self.window = LogWindow(self.dist, self.cfg.metrics.gpu_activity, self.objective)
         try:
             for step in range(self.start_step, self.steps):
                 self.step(step)
@@ -366,8 +420,8 @@ class Trainer:
         epoch, batch = self.data.batches.step_rows(step)
         data_seconds = time.perf_counter() - started
         self.components.before_step(step)
-        stats = train_step(self.cfg, self.model, self.masters, self.optimizer, self.scheduler, batch, self.dist,
-                           self.kernels, self.window.timer)
+        stats = train_step(self.cfg, self.model, self.objective, self.masters, self.optimizer, self.scheduler, batch,
+                           self.dist, self.window.timer)
         self.window.add(stats, epoch, data_seconds)
         self.components.after_step(step)
 
@@ -382,8 +436,7 @@ class Trainer:
         """Validation loss and accuracy (and exact match of generated answers), as an `eval` record."""
         cfg, model, tokenizer = self.cfg, self.model, self.tokenizer
         with for_evaluation(model):
-            scores = validation_metrics(model, self.data.val_rows, self.dist, cfg.strategy.micro_batch_size,
-                                        tokenizer.pad_token_id, cfg.eval.max_batches)
+            scores = self.objective.evaluate(self.data.val_rows)
             if with_exact_match:
                 prompts, refs = answer_pairs(cfg, tokenizer, self.data.val_records)
                 scores |= exact_match(model, tokenizer, prompts, refs, self.dist, cfg.eval.max_new_tokens,
@@ -446,11 +499,13 @@ def open_sink(cfg: JobConfig, dist: Dist, start_step: int) -> MetricsSink:
 
 
 def summarize_window(step: int, epoch: int, window: list[StepStats], phases: dict[str, float],
-                     data_seconds: float, wall: float, dist: Dist, gpu_activity: GpuActivitySampler) -> StepRecord:
+                     data_seconds: float, wall: float, dist: Dist, gpu_activity: GpuActivitySampler,
+                     objective) -> StepRecord:
     """The `step` record of the steps since the last log (one step when logging every step)."""
-    loss_sum = torch.stack([s.loss_sum for s in window]).sum().item()
+    loss_sum, *statistics = torch.stack([torch.cat([s.loss_sum[None], s.statistics]) for s in window]).sum(0).tolist()
     activity = gpu_activity.read()
-    loss_sum, *activity_sums = dist.all_reduce_sum([loss_sum, *pack(activity)])
+    loss_sum, *sums = dist.all_reduce_sum([loss_sum, *statistics, *pack(activity)])
+    statistics, activity_sums = sums[:len(statistics)], sums[len(statistics):]
     sm_active, tensor_active, dram_bandwidth, kernel_active = unpack_sum(activity_sums)
     targets = sum(s.targets for s in window)
     tokens = sum(s.tokens for s in window)
@@ -472,4 +527,5 @@ def summarize_window(step: int, epoch: int, window: list[StepStats], phases: dic
         sm_active_share=sm_active, tensor_active_share=tensor_active, dram_bandwidth_share=dram_bandwidth,
         kernel_active_share=kernel_active,
         gpu_activity_unavailable=activity.unavailable if sm_active is None else None,
+        **objective.step_fields(statistics, targets),
     )

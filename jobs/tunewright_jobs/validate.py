@@ -1,4 +1,4 @@
-"""`python -m tunewright_jobs.validate FILE [--format auto|chat|prompt_completion|text]`: check a dataset.
+"""`python -m tunewright_jobs.validate FILE [--format auto|chat|prompt_completion|text|preference]`: check a dataset.
 
 Prints one JSON object: {"format", "examples", "characters", "longest_characters"} on success (exit 0), {"format", "errors": [...]} on failure
 (exit 1). The API calls this at upload, so that one validator (the runtime's) decides what trains.
@@ -13,8 +13,9 @@ from pathlib import Path
 
 from tunewright_jobs.dataset_files import DatasetError, dataset_stats
 
-FORMAT_KEYS = (("messages", "chat"), ("completion", "prompt_completion"), ("prompt", "prompt_completion"),
-               ("text", "text"))
+# preference before prompt_completion: the prompt/chosen/rejected shape has a "prompt" too
+FORMAT_KEYS = (("messages", "chat"), ("preferred_output", "preference"), ("chosen", "preference"),
+               ("completion", "prompt_completion"), ("prompt", "prompt_completion"), ("text", "text"))
 
 
 def detect_format(path: Path) -> str | None:
@@ -38,7 +39,8 @@ def validate(path: Path, fmt: str) -> dict:
         fmt = detect_format(path)
         if fmt is None:
             return {"format": None, "errors": [f"{path.name}:1: cannot tell the format: the first record needs "
-                                               '"messages" (chat), "prompt"/"completion" or "text"']}
+                                               '"messages" (chat), "prompt"/"completion", "text", or '
+                                               '"chosen"/"preferred_output" (preference)']}
     try:
         stats = dataset_stats(path, fmt)
     except DatasetError as err:
@@ -51,7 +53,7 @@ def validate(path: Path, fmt: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", type=Path)
-    parser.add_argument("--format", default="auto", choices=["auto", "chat", "prompt_completion", "text"])
+    parser.add_argument("--format", default="auto", choices=["auto", "chat", "prompt_completion", "text", "preference"])
     args = parser.parse_args(argv)
     result = validate(args.file, args.format)
     print(json.dumps(result))

@@ -109,7 +109,7 @@ def cluster_runtime_config(target: Target, spec: FineTuneJobSpec, plan: JobPlan,
                 for field_name, value in storage.datasets.items()}
     config = runtime_config(spec, plan, name=name, output_dir=f"{storage.checkpoints}/{name}/output",
                             train=datasets["dataset.train"], validation=datasets.get("dataset.validation"),
-                            checkpoint_storage=storage.checkpoints,
+                            checkpoint_storage=storage.checkpoints, reference=storage.reference,
                             telemetry_endpoint=internal_url(settings, target, "telemetry"))
     config["model"]["source"] = storage.model
     return config

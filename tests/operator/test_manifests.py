@@ -239,3 +239,16 @@ def test_any_valid_finetunejob_name_makes_names_kuberay_and_kubernetes_accept(na
 
 def test_names_that_were_valid_keep_the_rayjob_name_an_earlier_operator_gave():
     assert ray_job_name(TARGET) == "llama-8b-support-lora-" + hashlib.sha256(TARGET.uid.encode()).hexdigest()[:6]
+
+
+def test_a_dpo_reference_on_a_volume_is_mounted_and_named_as_the_pods_see_it():
+    spec = FineTuneJobSpec.model_validate({
+        **SPEC, "method": {"type": "lora", "objective": "dpo", "dpo": {"beta": 0.2, "reference": "pvc://sft/merged"}},
+        "dataset": {"train": "pvc://datasets/pairs.jsonl", "format": "preference"}})
+    rayjob, config = ray_job(TARGET, spec, PLANS[0], POOL, SETTINGS)
+    assert config["method"]["dpo"]["reference"] == "/mnt/pvc/sft/merged" and config["method"]["objective"] == "dpo"
+    claims = {v["persistentVolumeClaim"]["claimName"]: v["persistentVolumeClaim"]["readOnly"]
+              for v in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["volumes"]
+              if "persistentVolumeClaim" in v}
+    assert claims["sft"] is True  # read only, like the model
+    JobConfig.model_validate(config)  # what the runtime reads

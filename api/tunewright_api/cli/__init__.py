@@ -61,14 +61,27 @@ def spec_from_args(args) -> dict:
         raise SystemExit(f"tunewright {args.command}: give a spec file (see examples/), or at least --model and "
                          "--train")
     flags = {("model", "source"): args.model, ("method", "type"): args.method,
+             ("method", "objective"): args.objective, ("method", "dpo", "beta"): args.beta,
+             ("method", "dpo", "labelSmoothing"): args.label_smoothing, ("method", "dpo", "reference"): args.reference,
              ("dataset", "train"): args.train, ("dataset", "validation"): args.validation,
              ("dataset", "format"): args.format, ("hyperparameters", "epochs"): args.epochs,
              ("hyperparameters", "maxSteps"): args.max_steps, ("hyperparameters", "learningRate"): args.learning_rate,
              ("hyperparameters", "globalBatchSize"): args.batch_size, ("hyperparameters", "seqLen"): args.seq_len,
              ("resources", "strategy"): args.strategy}
-    for (section, key), value in flags.items():
+    for (*sections, key), value in flags.items():
         if value is not None:
-            spec.setdefault(section, {})[key] = value
+            where = spec
+            for section in sections:
+                where = where.setdefault(section, {})
+            where[key] = value
+    # dpo trains on preference pairs and nothing else does: a command line that says one means the other,
+    # unless the spec says otherwise (then the spec's check names the field)
+    method, dataset = spec.get("method") or {}, spec.get("dataset") or {}
+    if isinstance(method, dict) and isinstance(dataset, dict):
+        if method.get("objective") == "dpo" and "format" not in dataset and args.objective:
+            spec.setdefault("dataset", {})["format"] = "preference"
+        if dataset.get("format") == "preference" and "objective" not in method and args.format:
+            spec.setdefault("method", {})["objective"] = "dpo"
     return spec
 
 
@@ -454,8 +467,16 @@ def spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model.source: a catalog or hub name (org/name), a local folder, pvc://claim/path")
     p.add_argument("--train", help="dataset.train: a local JSONL file (uploaded once) or an uploaded file id")
     p.add_argument("--validation", help="dataset.validation: as --train")
-    p.add_argument("--format", choices=["chat", "prompt_completion", "text"], help="dataset.format (default chat)")
+    p.add_argument("--format", choices=["chat", "prompt_completion", "text", "preference"],
+                   help="dataset.format (default chat; preference with --objective dpo)")
     p.add_argument("--method", choices=["lora", "full"], help="method.type (default lora)")
+    p.add_argument("--objective", choices=["sft", "dpo"],
+                   help="method.objective (default sft); dpo trains on preference pairs (--format preference)")
+    p.add_argument("--beta", type=float, help="method.dpo.beta: how strongly dpo holds the model near the "
+                                              "reference (default 0.1)")
+    p.add_argument("--label-smoothing", type=float, help="method.dpo.labelSmoothing (default 0)")
+    p.add_argument("--reference", help="method.dpo.reference: the model dpo starts from and is held near "
+                                       "(default: --model)")
     p.add_argument("--epochs", type=int, help="hyperparameters.epochs")
     p.add_argument("--max-steps", type=int, help="hyperparameters.maxSteps (overrides epochs)")
     p.add_argument("--learning-rate", type=float, help="hyperparameters.learningRate")

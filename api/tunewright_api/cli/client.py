@@ -116,8 +116,9 @@ def is_local_file(value: str | None) -> bool:
 
 
 def with_local_paths_checked(spec: dict) -> dict:
-    """A copy of the spec whose local dataset files and model folder are here (RequestFailed naming the field
-    when one is not), with a local model path made absolute; no request is made."""
+    """A copy of the spec whose local dataset files and model folders (model.source, a dpo job's
+    method.dpo.reference) are here (RequestFailed naming the field when one is not), with a local model path made
+    absolute; no request is made."""
     spec = json.loads(json.dumps(spec))
     dataset = spec.get("dataset") or {}
     for key in ("train", "validation"):
@@ -126,12 +127,15 @@ def with_local_paths_checked(spec: dict) -> dict:
             raise RequestFailed(f"dataset.{key}: no file {value} here (nor is it an uploaded file id, file-...: "
                                 "tunewright files list)", 422, f"dataset.{key}")
     model = spec.get("model") or {}
-    source = str(model.get("source", ""))
-    looks_local = source.startswith(("/", ".", "~"))
-    if source and (looks_local or Path(source).expanduser().is_dir()):
-        path = Path(source).expanduser()
-        if not (path / "config.json").is_file():
-            raise RequestFailed(f"model.source: no model folder {source} here (a folder with a config.json; a "
-                                "hub model is named org/name)", 422, "model.source")
-        model["source"] = str(path.resolve())  # the server wants it absolute
+    method = spec.get("method") if isinstance(spec.get("method"), dict) else {}
+    dpo = method.get("dpo") if isinstance(method.get("dpo"), dict) else {}
+    for field, holder, key in (("model.source", model, "source"), ("method.dpo.reference", dpo, "reference")):
+        source = str(holder.get(key) or "")
+        looks_local = source.startswith(("/", ".", "~"))
+        if source and (looks_local or Path(source).expanduser().is_dir()):
+            path = Path(source).expanduser()
+            if not (path / "config.json").is_file():
+                raise RequestFailed(f"{field}: no model folder {source} here (a folder with a config.json; a "
+                                    "hub model is named org/name)", 422, field)
+            holder[key] = str(path.resolve())  # the server wants it absolute
     return spec

@@ -62,6 +62,26 @@ def plan_cell(plan: dict | None) -> str:
     return f"{plan['strategy']} x {where}"
 
 
+def method_cell(method: dict) -> str:
+    """lora or full, and the objective where it is not sft (the default; absent from jobs before dpo)."""
+    objective = method.get("objective", "sft")
+    return method["type"] if objective == "sft" else f"{method['type']} {objective}"
+
+
+def method_text(method: dict) -> str:
+    """`get`'s: lora or full, the objective, and dpo's settings."""
+    objective = method.get("objective", "sft")
+    said = [method["type"], f"objective {objective}"]
+    if objective == "dpo":
+        dpo = method.get("dpo") or {}
+        said.append(f"beta {dpo.get('beta', 0.1):g}")
+        if dpo.get("labelSmoothing"):
+            said.append(f"label smoothing {dpo['labelSmoothing']:g}")
+        if dpo.get("reference"):
+            said.append(f"reference {dpo['reference']}")
+    return ", ".join(said)
+
+
 def jobs_table(jobs: list[dict]) -> str:
     rows = []
     for job in jobs:
@@ -70,7 +90,7 @@ def jobs_table(jobs: list[dict]) -> str:
         if p.get("percent") is not None:
             done += f" ({p['percent']:.0f}%)"
         rows.append([job["id"], job["status"], job["model"].rstrip("/").rsplit("/", 1)[-1][:40],
-                     job["spec"]["method"]["type"], plan_cell(job.get("plan")), done,
+                     method_cell(job["spec"]["method"]), plan_cell(job.get("plan")), done,
                      f"{p['loss']:.4f}" if p.get("loss") is not None else None,
                      duration(p.get("etaSeconds")) if job["status"] == "running" else None,
                      f"${cost:,.2f}" if cost is not None else None, age(job["created_at"])])
@@ -79,7 +99,7 @@ def jobs_table(jobs: list[dict]) -> str:
 
 def job_text(job: dict) -> str:
     t, plan = job.get("telemetry") or {}, job.get("plan")
-    lines = [f"{job['id']}  {job['status']}", f"model:     {job['model']} ({job['spec']['method']['type']})"]
+    lines = [f"{job['id']}  {job['status']}", f"model:     {job['model']} ({method_text(job['spec']['method'])})"]
     if plan:
         lines.append(f"plan:      {plan_cell(plan)}, micro-batch {plan['microBatch']} x {plan['gradAccum']}: "
                      f"{plan['explanation']}")

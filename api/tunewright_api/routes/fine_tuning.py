@@ -2,6 +2,10 @@
 
 LoRA, strategy and budget ride in extra fields (`extra_body` in the client): `lora`, `method_type`
 (lora | full), `strategy`, `budget_usd`, `max_steps`, `seq_len`.
+
+OpenAI's `method.type` is the training objective: supervised is the spec's method.objective sft, dpo its dpo
+(on a file of preference pairs; `method.dpo.hyperparameters.beta` is method.dpo.beta). LoRA or full
+fine-tuning, which the spec calls method.type, is `method_type` here, for either.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from tunewright_api.models import Job
 from tunewright_api.routes.links import links_from
 from tunewright_api.schemas import (
     CheckpointList,
+    Dpo,
     EventList,
     FineTuningJob,
     FineTuningJobError,
     FineTuningJobList,
     Method,
+    OpenAIDpoHyperparameters,
     OpenAIHyperparameters,
     Supervised,
     TunewrightExtras,
@@ -32,6 +38,8 @@ from tunewright_api.services import jobs
 from tunewright_core.spec import (
     DEFAULT_EPOCHS,
     DEFAULT_GLOBAL_BATCH,
+    PREFERENCE_FORMAT,
+    DpoSpec,
     FineTuneJobSpec,
     MethodType,
     Printable,
@@ -39,7 +47,9 @@ from tunewright_core.spec import (
 )
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine_tuning (OpenAI-compatible)"])
-BASE_LEARNING_RATE = {"lora": 2e-4, "full": 2e-5}  # learning_rate_multiplier scales these
+# learning_rate_multiplier scales these; dpo refines a model already trained, in far smaller steps
+BASE_LEARNING_RATE = {"sft": {"lora": 2e-4, "full": 2e-5}, "dpo": {"lora": 1e-5, "full": 1e-6}}
+OBJECTIVE_OF = {"supervised": "sft", "dpo": "dpo"}  # OpenAI's method.type: the spec's method.objective
 
 
 class LoraOptions(BaseModel):
@@ -74,23 +84,40 @@ class FineTuningJobCreate(BaseModel):
 
     def effective_hyperparameters(self) -> OpenAIHyperparameters:
         if self.method is not None:
-            return self.method.supervised.hyperparameters
+            return self.method.hyperparameters
         return self.hyperparameters or OpenAIHyperparameters()
+
+    @property
+    def objective(self) -> str:
+        return OBJECTIVE_OF[self.method.type] if self.method is not None else "sft"
 
 
 def to_spec(body: FineTuningJobCreate, dataset_format: str) -> FineTuneJobSpec:
     hp = body.effective_hyperparameters()
+    objective = body.objective
+    if objective == "dpo" and dataset_format != PREFERENCE_FORMAT:
+        raise ApiError(422, f"method.type dpo trains on preference pairs, but {body.training_file} holds "
+                            f"{dataset_format} records: upload JSONL lines of input (its messages), preferred_output "
+                            "and non_preferred_output (or prompt, chosen and rejected)", "training_file",
+                       "invalid_value")
+    if objective != "dpo" and dataset_format == PREFERENCE_FORMAT:
+        raise ApiError(422, f"{body.training_file} holds preference pairs, which train with method "
+                            '{"type": "dpo"}, not supervised', "method.type", "invalid_value")
     multiplier = 1.0 if hp.learning_rate_multiplier == "auto" else hp.learning_rate_multiplier
     lora = body.lora or LoraOptions()
+    method: dict[str, Any] = {"type": body.method_type, "objective": objective,
+                              "lora": {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
+                                       "targetModules": lora.target_modules}}
+    if isinstance(hp, OpenAIDpoHyperparameters) and hp.beta != "auto":
+        method["dpo"] = {"beta": hp.beta}
     spec = {
         "model": {"source": body.model},
-        "method": {"type": body.method_type, "lora": {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
-                                                      "targetModules": lora.target_modules}},
+        "method": method,
         "dataset": {"train": body.training_file, "validation": body.validation_file, "format": dataset_format},
         "hyperparameters": {
             "epochs": DEFAULT_EPOCHS if hp.n_epochs == "auto" else hp.n_epochs,
             "maxSteps": body.max_steps,
-            "learningRate": BASE_LEARNING_RATE[body.method_type] * multiplier,
+            "learningRate": BASE_LEARNING_RATE[objective][body.method_type] * multiplier,
             # "auto": chosen from the data at submit (at most the default)
             **({} if hp.batch_size == "auto" else {"globalBatchSize": hp.batch_size}),
             **({"seqLen": body.seq_len} if body.seq_len is not None else {}),
@@ -115,10 +142,17 @@ def fine_tuned_model_name(job: Job) -> str:
 def openai_job(job: Job) -> FineTuningJob:
     spec = job.spec
     hp = spec.get("hyperparameters", {})
-    base = BASE_LEARNING_RATE[spec["method"]["type"]]
+    objective = spec["method"].get("objective", "sft")  # absent from jobs submitted before dpo
+    base = BASE_LEARNING_RATE[objective][spec["method"]["type"]]
     hyperparameters = OpenAIHyperparameters(n_epochs=hp.get("epochs", DEFAULT_EPOCHS),
                                             batch_size=hp.get("globalBatchSize") or DEFAULT_GLOBAL_BATCH,
                                             learning_rate_multiplier=hp.get("learningRate", base) / base)
+    if objective == "dpo":
+        beta = (spec["method"].get("dpo") or {}).get("beta", DpoSpec().beta)
+        method = Method(type="dpo", dpo=Dpo(hyperparameters=OpenAIDpoHyperparameters(
+            **hyperparameters.model_dump(), beta=beta)))
+    else:
+        method = Method(type="supervised", supervised=Supervised(hyperparameters=hyperparameters))
     export = (job.result or {}).get("export", {})
     progress = job.progress()
     eta = progress.eta_seconds
@@ -128,7 +162,7 @@ def openai_job(job: Job) -> FineTuningJob:
         fine_tuned_model=fine_tuned_model_name(job) if any(export.values()) else None,
         organization_id=job.tenant_id, result_files=(job.result or {}).get("result_files", []),
         training_file=spec["dataset"]["train"], validation_file=spec["dataset"].get("validation"),
-        hyperparameters=hyperparameters, method=Method(supervised=Supervised(hyperparameters=hyperparameters)),
+        hyperparameters=hyperparameters, method=method,
         trained_tokens=job.trained_tokens if job.status == "succeeded" else None,
         error=FineTuningJobError(code=job.error_code, message=job.error_message, param=None) if job.error_code
         else None,

@@ -106,6 +106,7 @@ def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> JobTeleme
         "step": p.step, "time": p.time, "loss": p.data.get("loss"), "tokensPerSecond": p.data.get("tokens_per_second"),
         "mfu": mfu(p.data.get("tokens_per_second")), "stepSeconds": p.data.get("step_seconds"),
         "dataSeconds": p.data.get("data_seconds"), "peakMemoryGiB": p.data.get("peak_memory_gib"),
+        "rewardMargin": p.data.get("reward_margin"), "preferenceAccuracy": p.data.get("preference_accuracy"),
         **{name: p.data.get(field) for name, field in GPU_ACTIVITY.items()}}) for p in points]
     windows = session.exec(select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.type == "metrics")
                            .order_by(JobEvent.id)).all()

@@ -79,11 +79,17 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
     if is_hub_name(spec.model.source) and (why := hub.refusal(
             spec.model.source, hub.availability(spec.model.source.removeprefix("hf://")), backend.runs_here)):
         raise ApiError(422, why, model_param, "model_not_found")
+    if (reference := dpo_reference(spec)) is not None and is_hub_name(reference) and (why := hub.refusal(
+            reference, hub.availability(reference.removeprefix("hf://")), backend.runs_here)):
+        raise ApiError(422, why, reference_param(model_param), "model_not_found")
     train = dataset_file(session=session, tenant=tenant, value=spec.dataset.train, param=train_param)
     validation = dataset_file(session=session, tenant=tenant, value=spec.dataset.validation, param=validation_param)
     if train.format != spec.dataset.format:
         raise ApiError(422, f"{train.id} holds {train.format} records, the spec says {spec.dataset.format}",
                        "dataset.format", "invalid_value")
+    if validation is not None and validation.format != spec.dataset.format:  # the run reads both as one format
+        raise ApiError(422, f"{validation.id} holds {validation.format} records, the training file "
+                            f"{spec.dataset.format}", validation_param, "invalid_value")
     spec, sizing = fit_to_data(spec, train, sizes_param=sizes_param)
     planned = backend.plan(spec, train)
     plan = planned.plan
@@ -98,12 +104,30 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
     return job
 
 
+def dpo_reference(spec: FineTuneJobSpec) -> str | None:
+    """The model a dpo job starts from and is held near, where the spec names one apart from model.source."""
+    return spec.method.dpo.reference if spec.method.objective == "dpo" else None
+
+
+def reference_param(model_param: str) -> str:
+    """Where method.dpo.reference is in a request whose model.source is at `model_param`."""
+    return model_param.removesuffix("model.source") + "method.dpo.reference" if model_param.endswith(
+        "model.source") else "method.dpo.reference"
+
+
 def readable_model(spec: FineTuneJobSpec, *, session: Session, tenant: Tenant, data_dir: Path,
                    model_roots: list[Path] | None, param: str) -> FineTuneJobSpec:
-    """The spec naming its model as the run must read it (a local path resolved), once this tenant may."""
+    """The spec naming its model as the run must read it (a local path resolved), once this tenant may; and a
+    dpo job's reference model, which the run reads as well (its starting weights), the same way."""
     source = check_model_source(spec.model.source, model_roots, param=param, data_dir=data_dir,
                                 own_exports=lambda: export_folders(session, tenant))
-    return spec.model_copy(update={"model": spec.model.model_copy(update={"source": source})})
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"source": source})})
+    if (reference := dpo_reference(spec)) is not None:
+        resolved = check_model_source(reference, model_roots, param=reference_param(param), data_dir=data_dir,
+                                      own_exports=lambda: export_folders(session, tenant))
+        dpo = spec.method.dpo.model_copy(update={"reference": resolved})
+        spec = spec.model_copy(update={"method": spec.method.model_copy(update={"dpo": dpo})})
+    return spec
 
 
 def fit_to_data(spec: FineTuneJobSpec, train: StoredFile, *, sizes_param: str = "",

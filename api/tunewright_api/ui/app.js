@@ -74,7 +74,9 @@ function shortModel(source) {
 
 function methodOf(job) {
   const method = (job.spec && job.spec.method) || {};
-  return method.type === "lora" ? `LoRA r${(method.lora && method.lora.r) || 16}` : method.type || dash;
+  const weights = method.type === "lora" ? `LoRA r${(method.lora && method.lora.r) || 16}` : method.type || dash;
+  // the objective beside it where it is not the default (sft): DPO and its beta
+  return method.objective === "dpo" ? `${weights} · DPO β ${(method.dpo && method.dpo.beta) ?? 0.1}` : weights;
 }
 
 const ordinal = (n) => `${n}${n % 100 >= 10 && n % 100 <= 20 ? "th" : {1: "st", 2: "nd", 3: "rd"}[n % 10] ?? "th"}`;
@@ -503,6 +505,19 @@ function gpuChart(unavailable) {
   });
 }
 
+function preferenceChart() {
+  // dpo's step records carry these; an sft job's never do, and its page has no such chart
+  return new Chart({
+    id: "chart-preference", title: "Preference: reward margin and accuracy", empty: "No step logged yet.",
+    axes: [{scale: "margin", label: "reward margin"},
+           {scale: "accuracy", label: "preference accuracy", format: (v) => fmtPct(v, 0), range: [0, 1]}],
+    series: [{label: "reward margin", scale: "margin"}, {label: "preference accuracy", scale: "accuracy"}],
+    summary: ([, margin, accuracy]) => `Reward margin (chosen less rejected) ${fmtLoss(first(margin))} → ` +
+      `${fmtLoss(last(margin))}; preference accuracy (pairs whose chosen answer has the higher reward) ` +
+      `${fmtPct(first(accuracy))} → ${fmtPct(last(accuracy))} over ${margin.filter(isNum).length} logged steps.`,
+  });
+}
+
 // --- the job page ----------------------------------------------------------------------------------------
 
 function jobPage(jobId) {
@@ -519,10 +534,12 @@ function jobPage(jobId) {
   let gpuUnavailable = null;  // the runtime's reason, shown where SM-active is missing
   const loss = lossChart(), throughput = throughputChart(), comm = communicationChart();
   const gpu = gpuChart(() => gpuUnavailable);
+  const preference = preferenceChart();
+  const preferencePanel = h("div", {class: "panel", id: "preference", hidden: true}, preference.figure);
   // every chart but one is over the logged steps: before the first, the page says so once, not in each
   const chartGrid = h("div", {class: "grid", id: "charts", hidden: true},
     h("div", {class: "panel"}, loss.figure), h("div", {class: "panel"}, throughput.figure),
-    h("div", {class: "panel"}, comm.figure), h("div", {class: "panel"}, gpu.figure));
+    h("div", {class: "panel"}, comm.figure), h("div", {class: "panel"}, gpu.figure), preferencePanel);
   const noSteps = h("p", {class: "panel muted", id: "charts-empty", hidden: true});
   const planPanel = h("section", {class: "panel", id: "plan", "aria-labelledby": "plan-title"});
   const diagnosisPanel = h("section", {class: "panel", id: "diagnosis", "aria-labelledby": "diagnosis-title"});
@@ -667,6 +684,11 @@ function jobPage(jobId) {
     const at = series.map((s) => s.step);
     gpu.update(aligned([at], [at, series.map((s) => s.smActive)], [at, series.map((s) => s.tensorActive)],
                        [at, series.map((s) => s.dramBandwidth)], [at, series.map((s) => s.kernelActive)]));
+    // dpo: shown once a step reports it (drawn after it is shown, so that it takes the panel's width)
+    preferencePanel.hidden = !series.some((s) => isNum(s.rewardMargin) || isNum(s.preferenceAccuracy));
+    if (!preferencePanel.hidden) {
+      preference.update(aligned([at], [at, series.map((s) => s.rewardMargin)], [at, series.map((s) => s.preferenceAccuracy)]));
+    }
   }
 
   function drawPlan(j, t, diagnosis) {

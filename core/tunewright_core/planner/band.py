@@ -7,7 +7,8 @@ errors on runs the model was not fitted on, widened where the plan extrapolates 
 
 The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
 run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
-than the fit's, or LoRA on several GPUs (every published run is full fine-tuning). `basis` says which.
+than the fit's, LoRA on several GPUs (every published run is full fine-tuning), or the dpo objective (every run
+measured is sft). `basis` says which.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MEASURED_ONE_GPU = "H200"
 # borrow the nearest chip's (calibration.EFFICIENCY_OF)
 MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
+UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds, never measured
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
 
@@ -50,7 +52,7 @@ class Band:
 
 
 def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len: int, method: str,
-         learned_windows: int = 0) -> Band:
+         learned_windows: int = 0, objective: str = "sft") -> Band:
     """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node); the GPU's
     efficiency learned over `learned_windows` profiler windows of the pool's own jobs (0: the catalog's)."""
     one_measured_gpu = gpus == 1 and gpu == MEASURED_ONE_GPU
@@ -80,6 +82,9 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
     if method != "full" and gpus > 1:
         widen *= LORA_ON_SEVERAL
         reasons.append(f"{method} on several GPUs (every published run is full fine-tuning)")
+    if objective != "sft":
+        widen *= UNMEASURED_OBJECTIVE
+        reasons.append(f"objective {objective} (every run measured is sft)")
     low, high = min(low, 1.0), max(high, 1.0)
     low, high = math.exp(math.log(low) * widen), math.exp(math.log(high) * widen)
     extrapolates = f"; extrapolates: {', '.join(reasons)}" if reasons else "; within what was measured"

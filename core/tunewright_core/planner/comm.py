@@ -108,8 +108,13 @@ class StepComm:
 
 
 def step_comm(layers: int, micro_batches: int, compute: UnitCompute, nbytes: UnitBytes, shard: Group,
-              replica: Group, pool: Pool, reshard_after_forward: bool, sync_jitter: float) -> StepComm:
-    """The collectives of `micro_batches` micro-batches of a model of `layers` blocks, and their exposed part."""
+              replica: Group, pool: Pool, reshard_after_forward: bool, sync_jitter: float,
+              forwards: int = 1) -> StepComm:
+    """The collectives of `micro_batches` micro-batches of a model of `layers` blocks, and their exposed part.
+
+    `forwards`: forward passes per micro-batch, each gathering every unit as the first does (dpo's reference
+    forward, before the policy's: the reference's own shards, or LoRA's base again); `compute.block_forward`
+    is one pass's."""
     shard_link = group_link(shard, pool) if shard.ranks > 1 else None
     replica_link = group_link(replica, pool) if replica.ranks > 1 else None
 
@@ -145,16 +150,17 @@ def step_comm(layers: int, micro_batches: int, compute: UnitCompute, nbytes: Uni
     # the replicas' all-reduce rides on the last micro-batch's backward only
     plain_exposed, plain_last, plain_outlast = backward(0.0, 0.0)
     last_exposed, last_last, last_outlast = backward(block_across, root_across)
-    exposed = micro_batches * forward_exposed + (micro_batches - 1) * plain_exposed + last_exposed
-    ends = micro_batches * (root_gather + block_gather) + (micro_batches - 1) * plain_last + last_last
+    exposed = micro_batches * forwards * forward_exposed + (micro_batches - 1) * plain_exposed + last_exposed
+    ends = micro_batches * forwards * (root_gather + block_gather) + (micro_batches - 1) * plain_last + last_last
 
-    shard_total = micro_batches * (layers * (block_gather + regather + block_scatter) + root_gather + root_scatter)
+    shard_total = micro_batches * (layers * (forwards * block_gather + regather + block_scatter)
+                                   + forwards * root_gather + root_scatter)
     replica_total = layers * block_across + root_across
     total = shard_total + replica_total
     # the exposed time split between the links in proportion to what each carries
     exposed_shard = exposed * shard_total / total if total else 0.0
     ranks = shard.ranks * replica.ranks
-    step_compute = micro_batches * (layers * (compute.block_forward + compute.block_backward)
+    step_compute = micro_batches * (layers * (forwards * compute.block_forward + compute.block_backward)
                                     + compute.root_forward + compute.root_backward)
     sync = sync_jitter * math.sqrt(2 * math.log(ranks)) * step_compute if ranks > 1 else 0.0
     return StepComm(

@@ -7,6 +7,14 @@ states and every gradient, the activations freed). With CPU offload the states m
 reported apart. Time per optimizer step is split into matrix-product time, memory-bound time, exposed
 communication, exposed host copies and the optimizer step (the host's when offloaded). The constants that kernels decide (bytes kept or moved per
 token, efficiencies) live in `Calibration`, fitted to measured runs (calibration_fit.py).
+
+The objective changes what a micro-batch is. sft: `micro_batch` sequences, forward and backward. dpo: `micro_batch`
+preference pairs, each two sequences (chosen and rejected) through the policy's forward and backward, and both
+through the frozen reference's forward (no backward, nothing recomputed). The reference is LoRA's own base with
+the adapters off (nothing more held: its forward's activations are freed as it goes, under no_grad), or for full
+fine-tuning a frozen bf16 copy of the weights, sharded and offloaded like the policy's states; whatever of it the
+reference's forward gathers (blocks, root) is taken to be freed when that forward ends, before the policy's peak.
+No run measured dpo: its terms are the sft model's, applied to the work it adds.
 """
 
 from __future__ import annotations
@@ -28,9 +36,26 @@ class Workload:
     model: ModelProfile
     method: str  # lora | qlora | full
     seq_len: int
-    global_batch: int  # sequences per optimizer step
+    global_batch: int  # sequences per optimizer step (dpo: preference pairs)
     steps: int
     lora_rank: int = 16
+    objective: str = "sft"  # sft | dpo
+
+    @property
+    def sequences_per_example(self) -> int:
+        """Sequences through the model per example of the global batch: dpo's chosen and rejected answers."""
+        return 2 if self.objective == "dpo" else 1
+
+    @property
+    def forward_passes(self) -> int:
+        """Forward passes over a micro-batch: the policy's, and dpo's reference's."""
+        return 2 if self.objective == "dpo" else 1
+
+    @property
+    def reference_copy(self) -> bool:
+        """Whether dpo holds a frozen copy of the weights as its reference (full fine-tuning: LoRA's reference is
+        its own base with the adapters off)."""
+        return self.objective == "dpo" and self.method == "full"
 
     @property
     def trainable_params(self) -> int:
@@ -42,7 +67,8 @@ class Workload:
 
     @property
     def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
+        """Trained tokens per step: both sequences of each dpo pair."""
+        return self.global_batch * self.seq_len * self.sequences_per_example
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,7 @@ class Calibration:
 
 
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
+REFERENCE_WEIGHTS = "dpo reference weights (bf16, frozen)"
 GRADIENTS = "gradients (fp32)"
 ROOT_GATHERED = "embeddings and head, gathered (bf16)"
 ROOT_GRADIENTS = "embedding and head gradients, reducing (bf16 + fp32 copy)"
@@ -156,6 +183,8 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
                "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
     else:
         out = {"frozen base (bf16)": BF16 * psi / shard, "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
+    if w.reference_copy:  # frozen: no gradients, no optimizer states; sharded like the policy
+        out[REFERENCE_WEIGHTS] = BF16 * psi / shard
     if layout.grad_accum > 1:
         out["accumulated gradients (fp32)"] = FP32 * trainable / shard
     return out
@@ -213,9 +242,14 @@ def end_of_backward_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     return out
 
 
+def micro_tokens(w: Workload, layout: Layout) -> int:
+    """Tokens through the policy per micro-batch: its sequences (dpo: both of each pair's)."""
+    return layout.micro_batch * w.seq_len * w.sequences_per_example
+
+
 def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str, float]:
     m = w.model
-    tokens = layout.micro_batch * w.seq_len
+    tokens = micro_tokens(w, layout)
     ffn = cal.act_bytes_per_ffn * m.ffn if m.gated_mlp else 0.0  # GPT-2's MLP is folded into its per-hidden rate
     per_layer = tokens * (cal.act_bytes_per_hidden[m.family] * m.hidden + ffn)
     if layout.activation_checkpointing:
@@ -239,7 +273,7 @@ def head_gradient_bytes(w: Workload) -> float:
 def loss_gradient_bytes(w: Workload, layout: Layout) -> float:
     """What jobs' fused output head and loss computes in forward and holds for backward: d(loss)/d(hidden) of
     the micro-batch and the head's gradient."""
-    return BF16 * layout.micro_batch * w.seq_len * w.model.hidden + head_gradient_bytes(w)
+    return BF16 * micro_tokens(w, layout) * w.model.hidden + head_gradient_bytes(w)
 
 
 # jobs' kernels.FUSED_LOSS_CHUNK_ELEMENTS (a contract test holds them equal): the runtime's fused output
@@ -250,7 +284,7 @@ FUSED_LOSS_CHUNK_ELEMENTS = 1 << 28
 def loss_tokens(w: Workload, layout: Layout) -> int:
     """Tokens whose logits are alive at once: one chunk of the fused loss (the runtime's default for
     the models the planner profiles), or the micro-batch when it is smaller."""
-    return min(layout.micro_batch * w.seq_len, max(1, FUSED_LOSS_CHUNK_ELEMENTS // w.model.vocab))
+    return min(micro_tokens(w, layout), max(1, FUSED_LOSS_CHUNK_ELEMENTS // w.model.vocab))
 
 
 def peak_memory(w: Workload, layout: Layout, cal: Calibration) -> tuple[str, dict[str, float]]:
@@ -268,9 +302,10 @@ def peak_memory(w: Workload, layout: Layout, cal: Calibration) -> tuple[str, dic
 
 def matmul_flops(w: Workload, layout: Layout) -> float:
     """Hardware FLOPs of one micro-batch: forward, input gradients, weight gradients (full only), causal
-    flash attention (half the square), and one more forward under activation checkpointing."""
+    flash attention (half the square), and one more forward under activation checkpointing; dpo: of both
+    sequences of each pair, and the reference's forward of both (no backward, nothing recomputed)."""
     m = w.model
-    tokens = layout.micro_batch * w.seq_len
+    tokens = micro_tokens(w, layout)
     dense = 2 * m.matmul_params
     attention = attention_flops(w)
     forward = dense + attention
@@ -278,7 +313,10 @@ def matmul_flops(w: Workload, layout: Layout) -> float:
     # the forward again, for the checkpointed share of the blocks (the head is not recomputed; the committed
     # calibration was fitted counting it, and refitting without it moved single runs' errors both ways)
     recompute = forward * layout.checkpointed_share(m.layers)
-    return tokens * (forward + backward + recompute)
+    flops = tokens * (forward + backward + recompute)
+    if w.objective == "dpo":
+        flops += tokens * forward  # the reference's (LoRA: the base, adapters off)
+    return flops
 
 
 def attention_flops(w: Workload) -> float:
@@ -287,9 +325,10 @@ def attention_flops(w: Workload) -> float:
 
 
 def head_flops(w: Workload, layout: Layout) -> tuple[float, float]:
-    """The output head's matrix products of one micro-batch, forward and backward (the root unit's work)."""
-    forward = 2 * w.model.vocab * w.model.hidden * layout.micro_batch * w.seq_len
-    return forward, forward * (2 if w.method == "full" else 1)
+    """The output head's matrix products of one micro-batch, forward (dpo: the reference's too) and backward
+    (the root unit's work)."""
+    forward = 2 * w.model.vocab * w.model.hidden * micro_tokens(w, layout)
+    return forward * w.forward_passes, forward * (2 if w.method == "full" else 1)
 
 
 def recompute_factor(layout: Layout, layers: int) -> float:
@@ -298,12 +337,24 @@ def recompute_factor(layout: Layout, layers: int) -> float:
 
 def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     m = w.model
-    tokens = layout.micro_batch * w.seq_len
+    tokens = micro_tokens(w, layout)
     layers = tokens * m.layers * cal.traffic_bytes_per_hidden[m.family] * m.hidden
     lora = 0.0
     if w.adapters:
         lora = tokens * m.layers * m.linear_modules_per_layer * cal.lora_traffic_bytes_per_hidden * m.hidden
-    return (layers + lora) * recompute_factor(layout, m.layers) + tokens * m.vocab * cal.traffic_bytes_per_vocab
+    traffic = (layers + lora) * recompute_factor(layout, m.layers) + tokens * m.vocab * cal.traffic_bytes_per_vocab
+    if w.objective == "dpo":
+        traffic += reference_traffic_bytes(w, layout, cal)[0]
+    return traffic
+
+
+def reference_traffic_bytes(w: Workload, layout: Layout, cal: Calibration) -> tuple[float, float]:
+    """dpo's reference forward, memory-bound: (all of it, of it the head's). A forward is a third of the blocks'
+    traffic (as `recompute_factor` counts it; no adapters) and half of the head's (as `unit_compute` splits it)."""
+    m = w.model
+    tokens = micro_tokens(w, layout)
+    head = tokens * m.vocab * cal.traffic_bytes_per_vocab / 2
+    return tokens * m.layers * cal.traffic_bytes_per_hidden[m.family] * m.hidden / 3 + head, head
 
 
 def lora_modules(w: Workload) -> int:
@@ -311,9 +362,13 @@ def lora_modules(w: Workload) -> int:
 
 
 def fixed_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
-    """Per micro-batch time that does not grow with tokens: kernel launches and latency-bound kernels."""
-    return (w.model.layers * cal.seconds_per_layer + lora_modules(w) * cal.seconds_per_lora_module) \
+    """Per micro-batch time that does not grow with tokens: kernel launches and latency-bound kernels (dpo: the
+    reference's forward too, a third of a block's, its adapters off)."""
+    seconds = (w.model.layers * cal.seconds_per_layer + lora_modules(w) * cal.seconds_per_lora_module) \
         * recompute_factor(layout, w.model.layers)
+    if w.objective == "dpo":
+        seconds += w.model.layers * cal.seconds_per_layer / 3
+    return seconds
 
 
 def host_floor_seconds(w: Workload, layout: Layout, cal: Calibration) -> float:
@@ -337,21 +392,29 @@ def groups(layout: Layout, pool: Pool) -> tuple[Group, Group]:
 
 
 def unit_compute(w: Workload, layout: Layout, cal: Calibration, gpu: GPU) -> UnitCompute:
-    """One micro-batch's compute split into what FSDP's collectives run under: each block's forward and
-    backward (its recompute in backward), and the root's (embeddings, head and loss)."""
+    """One micro-batch's compute split into what FSDP's collectives run under: each block's forward (one pass:
+    dpo makes two, the reference's and the policy's) and backward (its recompute in backward), and the root's
+    (embeddings, head and loss)."""
     m = w.model
     rate = gpu.bf16_flops * gpu.matmul_efficiency
     bandwidth = gpu.hbm_bytes_per_s * gpu.memory_efficiency
-    tokens = layout.micro_batch * w.seq_len
+    tokens = micro_tokens(w, layout)
     head_forward, head_backward = head_flops(w, layout)
     blocks = matmul_flops(w, layout) - head_forward - head_backward
     block_forward_share = tokens * (2 * m.layers * m.layer_linear_params + attention_flops(w)) / blocks
     vocab_traffic = tokens * m.vocab * cal.traffic_bytes_per_vocab
-    blocks_seconds = (blocks / rate + (memory_bound_bytes(w, layout, cal) - vocab_traffic) / bandwidth
-                      + fixed_seconds(w, layout, cal)) / m.layers
+    block_traffic = memory_bound_bytes(w, layout, cal) - vocab_traffic
+    reference_head = 0.0
+    if w.objective == "dpo":
+        reference_head = reference_traffic_bytes(w, layout, cal)[1]
+        block_traffic -= reference_head
+    blocks_seconds = (blocks / rate + block_traffic / bandwidth + fixed_seconds(w, layout, cal)) / m.layers
+    root_forward = head_forward / rate + vocab_traffic / 2 / bandwidth
+    if w.objective == "dpo":
+        root_forward += reference_head / bandwidth
     return UnitCompute(block_forward=blocks_seconds * block_forward_share,
-                       block_backward=blocks_seconds * (1 - block_forward_share),
-                       root_forward=head_forward / rate + vocab_traffic / 2 / bandwidth,
+                       block_backward=blocks_seconds * (1 - block_forward_share * w.forward_passes),
+                       root_forward=root_forward,
                        root_backward=head_backward / rate + vocab_traffic / 2 / bandwidth)
 
 
@@ -365,11 +428,14 @@ def unit_bytes(w: Workload) -> UnitBytes:
 
 
 def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
-    """Host <-> GPU copies per step: each shard copied in for forward and backward, gradients copied out."""
+    """Host <-> GPU copies per step: each shard copied in for forward and backward, gradients copied out; dpo's
+    reference weights (bf16) copied in for its forward."""
     if not layout.cpu_offload:
         return 0.0
     weight_bytes = (FP32 if w.method == "full" else BF16) * w.model.params + FP32 * w.trainable_params
     per_micro = (2 * weight_bytes + FP32 * w.trainable_params) / layout.shard_group
+    if w.objective == "dpo":
+        per_micro += BF16 * w.model.params / layout.shard_group
     return layout.grad_accum * per_micro / gpu.host_bytes_per_s
 
 
@@ -390,7 +456,7 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
     compute = mm + mb
     shard, replica = groups(layout, pool)
     comm = step_comm(w.model.layers, micro, unit_compute(w, layout, cal, gpu), unit_bytes(w), shard, replica, pool,
-                     layout.reshard_after_forward, cal.sync_jitter)
+                     layout.reshard_after_forward, cal.sync_jitter, forwards=w.forward_passes)
     copies = offload_seconds(w, layout, gpu)
     # offload copies are prefetched under the compute the collectives leave
     exposed_copies = max(0.0, copies - max(0.0, compute - (comm.total_seconds - comm.exposed_seconds)))

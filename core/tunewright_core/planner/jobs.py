@@ -9,7 +9,7 @@ from tunewright_core.planner.estimate import Calibration, Workload
 from tunewright_core.planner.hardware import Pool
 from tunewright_core.planner.models import ModelProfile
 from tunewright_core.planner.search import plan
-from tunewright_core.spec import FineTuneJobSpec, JobPlan
+from tunewright_core.spec import FineTuneJobSpec, HyperparametersSpec, JobPlan
 
 JSONL_BYTES_PER_TOKEN = 4
 
@@ -32,8 +32,9 @@ def sized_for_data(spec: FineTuneJobSpec, *, examples: int, characters: int, lon
 
     seqLen: the smallest power of two (from 128, up to the default and the model's positions) that holds the
     longest example, so none is cut off and a small dataset still packs into enough sequences. The global
-    batch: at most the sequences one epoch makes. Sizes the spec sets are kept; when even the most tokens the
-    text could be (one a character) cannot fill one batch, ValueError names the field and what would fit."""
+    batch: at most the sequences one epoch makes (dpo: the preference pairs it holds). Sizes the spec sets are
+    kept; when even the most tokens the text could be (one a character) cannot fill one batch (dpo: when the
+    pairs cannot), ValueError names the field and what would fit."""
     hp = spec.hyperparameters
     seq_len, chosen = hp.seq_len, []
     if "seq_len" not in hp.model_fields_set and hp.global_batch_tokens is None:  # tokens: seqLen divides it
@@ -42,6 +43,8 @@ def sized_for_data(spec: FineTuneJobSpec, *, examples: int, characters: int, lon
         seq_len = min(cap, max(SHORTEST_SEQ_LEN, 1 << max(0, longest - 1).bit_length()))
         if seq_len != hp.seq_len:
             chosen.append(f"seqLen {seq_len} (the longest example is about {longest} tokens)")
+    if spec.method.objective == "dpo":
+        return _pairs_sized(spec, hp, seq_len, chosen, examples)
     tokens = characters // CHARACTERS_PER_TOKEN + TEMPLATE_TOKENS_PER_EXAMPLE * examples
     sequences = max(1, tokens // seq_len)  # one epoch, packed (about)
     batch_set = hp.global_batch_size is not None or hp.global_batch_tokens is not None
@@ -59,6 +62,25 @@ def sized_for_data(spec: FineTuneJobSpec, *, examples: int, characters: int, lon
             f"hyperparameters.{field}: at most {limit} a step, not {asked}; one epoch ({examples} examples) holds "
             f"about {sequences} sequences of {seq_len} tokens. Lower {field} or seqLen, or leave both out and "
             "tunewright sizes them from the data")
+    if not chosen:
+        return spec, None
+    sized = spec.model_copy(update={"hyperparameters": hp.model_copy(update={"seq_len": seq_len})})
+    return sized, "sized from the data: " + "; ".join(chosen)
+
+
+def _pairs_sized(spec: FineTuneJobSpec, hp: HyperparametersSpec, seq_len: int, chosen: list[str],
+                 pairs: int) -> tuple[FineTuneJobSpec, str | None]:
+    """sized_for_data's global batch for dpo: it counts preference pairs, and one epoch holds one per example."""
+    batch_set = hp.global_batch_size is not None or hp.global_batch_tokens is not None
+    if not batch_set and pairs < hp.sequences_per_step:
+        batch = 1 << (pairs.bit_length() - 1)  # a power of two: it splits into micro-batches
+        chosen.append(f"globalBatchSize {batch} (one epoch holds {pairs} preference pairs)")
+        hp = hp.model_copy(update={"global_batch_size": batch})
+    if batch_set and pairs < hp.sequences_per_step:
+        field = "globalBatchSize" if hp.global_batch_size is not None else "globalBatchTokens"
+        raise ValueError(f"hyperparameters.{field}: at most {pairs} preference pairs a step, not "
+                         f"{hp.sequences_per_step}; one epoch holds {pairs} pairs. Lower {field}, or leave it out "
+                         "and tunewright sizes it from the data")
     if not chosen:
         return spec, None
     sized = spec.model_copy(update={"hyperparameters": hp.model_copy(update={"seq_len": seq_len})})
@@ -92,9 +114,12 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
         steps = hp.max_steps
     elif dataset_tokens is None:
         raise ValueError("hyperparameters.maxSteps: needed when the dataset's size is unknown")
+    elif spec.method.objective == "dpo":  # a pair's two sequences each hold its prompt and one answer
+        steps = max(1, hp.epochs * math.ceil(dataset_tokens / (batch * hp.seq_len * 2)))
     else:
         steps = max(1, hp.epochs * math.ceil(dataset_tokens / (batch * hp.seq_len)))
-    return Workload(profile, spec.method.type, hp.seq_len, batch, steps, lora_rank=spec.method.lora.r)
+    return Workload(profile, spec.method.type, hp.seq_len, batch, steps, lora_rank=spec.method.lora.r,
+                    objective=spec.method.objective)
 
 
 def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profile: ModelProfile,

@@ -72,9 +72,13 @@ class ModelProfile:
             shapes = [(h, h + 2 * kv), (h, h), (h, f), (f, h)]
         return self.layers * rank * sum(i + o for i, o in shapes)
 
-    def flops_per_token(self, seq_len: int, method: str) -> float:
-        """Model FLOPs per trained token (docs/reference.md, "FLOPs and time"): 6Ψ + 12·L·h·s full, 4Ψ + 12·L·h·s LoRA."""
-        return (6 if method == "full" else 4) * self.params + 12 * self.layers * self.hidden * seq_len
+    def flops_per_token(self, seq_len: int, method: str, objective: str = "sft") -> float:
+        """Model FLOPs per trained token (docs/reference.md, "FLOPs and time"): 6Ψ + 12·L·h·s full, 4Ψ + 12·L·h·s LoRA;
+        dpo adds the reference's forward of every trained token (chosen and rejected): 2Ψ + 4·L·h·s."""
+        flops = (6 if method == "full" else 4) * self.params + 12 * self.layers * self.hidden * seq_len
+        if objective == "dpo":
+            flops += 2 * self.params + 4 * self.layers * self.hidden * seq_len
+        return flops
 
 
 _LLAMA_LINEAR = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"})

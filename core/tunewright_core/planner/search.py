@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tunewright_core.planner.band import Evidence, band
 from tunewright_core.planner.estimate import (
+    REFERENCE_WEIGHTS,
     TRANSIENT_TERMS,
     Calibration,
     Estimate,
@@ -363,7 +364,7 @@ def _communication(e: Estimate) -> str:
 
 def prediction_band(w: Workload, c: Candidate, pool: Pool, evidence: Evidence) -> PredictionBand:
     b = band(evidence, pool.gpu.name, c.layout.gpus, pool.inter_node if c.layout.nodes > 1 else None, w.seq_len,
-             w.method, pool.gpu.learned_windows)
+             w.method, pool.gpu.learned_windows, w.objective)
     (tps_low, tps_high), (step_low, step_high) = b.around(c.tokens_per_second), b.around(c.estimate.step_seconds, True)
     (duration_low, duration_high), (cost_low, cost_high) = (b.around(c.duration_seconds, True),
                                                             b.around(c.cost_usd, True))
@@ -373,10 +374,25 @@ def prediction_band(w: Workload, c: Candidate, pool: Pool, evidence: Evidence) -
                           basis=b.basis)
 
 
+def _preference(w: Workload, c: Candidate) -> str:
+    """What dpo adds to a step, and where its reference is."""
+    lay, e = c.layout, c.estimate
+    pairs = f"{lay.micro_batch} pair{'s' if lay.micro_batch != 1 else ''}"
+    if w.reference_copy:
+        held = (f"{e.memory_breakdown[REFERENCE_WEIGHTS] / GIB:.1f} GiB per GPU" if REFERENCE_WEIGHTS in e.memory_breakdown
+                else "in host memory with the other states")
+        reference = f"a frozen bf16 copy of the weights{' sharded like them' if lay.shard_group > 1 else ''} ({held})"
+    else:
+        reference = "the base with the adapters off (no copy held)"
+    return (f"dpo: chosen and rejected per example, plus the reference forward: a micro-batch of {pairs} is "
+            f"{lay.micro_batch * w.sequences_per_example} sequences through the policy's forward and backward and the "
+            f"reference's forward, and tokens/s counts both sequences' tokens; the reference is {reference}.")
+
+
 def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: str, rejected: list[RejectedOption],
              cap: BatchCap | None, evidence: Evidence | None) -> JobPlan:
     e, lay, m = c.estimate, c.layout, w.model
-    mfu = c.tokens_per_second / lay.gpus * m.flops_per_token(w.seq_len, w.method) / pool.gpu.bf16_flops
+    mfu = c.tokens_per_second / lay.gpus * m.flops_per_token(w.seq_len, w.method, w.objective) / pool.gpu.bf16_flops
     spread = prediction_band(w, c, pool, evidence) if evidence else None
     predicted = Predicted(
         peak_memory_gib=e.peak_memory_bytes / GIB, step_seconds=e.step_seconds, matmul_seconds=e.matmul_seconds,
@@ -413,6 +429,8 @@ def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: 
         f"{c.tokens_per_second:,.0f} tokens/s, MFU {mfu:.0%}, {math.ceil(c.duration_seconds / 60)} min, "
         f"${c.cost_usd:,.2f}."
     )
+    if w.objective == "dpo":
+        explanation += f" {_preference(w, c)}"
     if spread is not None:
         explanation += (f" Likely {spread.tokens_per_second_low:,.0f}-{spread.tokens_per_second_high:,.0f} tokens/s, "
                         f"{math.ceil(spread.duration_seconds_low / 60)}-{math.ceil(spread.duration_seconds_high / 60)} "

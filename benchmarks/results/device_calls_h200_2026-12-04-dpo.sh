@@ -1,0 +1,8 @@
+# The device calls behind dpo_check_h200_2026-12-04.json (one H200, 2026-12-04; issue 36): the GPU tests of
+# the runtime after the core move, the Trainer and DPO, then SFT and DPO (LoRA and full) on Llama-1B
+# (random init) through Ray Train, beside the planner's predictions. The Ray wheels were packed first.
+# carry [".whl-ray"]
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-ray/*.whl && tar -xJf .whl-ray/ray-slim.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD/jobs:$PWD/core:$PWD/fitting || exit; export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; timeout 230 python3 -m pytest -q -m gpu tests/jobs/test_gpu.py -k "lora_bf16 or full_on_one_gpu or fast_paths or mesh_of_one" -p no:cacheprovider > $OUT/pytest_gpu.log 2>&1; echo "pytest rc=$?"; tail -3 $OUT/pytest_gpu.log; timeout 330 python3 benchmarks/dpo_check.py --out $OUT --steps 20 --model llama-1b --seq-len 1024 2>&1 | grep -v -i "warning\|shards" | tail -12; rm -rf $OUT/work
+# -> pytest 4 passed; sft-lora, dpo-lora, sft-full (dpo-full cut by the timeout)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-ray/*.whl && tar -xJf .whl-ray/ray-slim.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD/jobs:$PWD/core:$PWD/fitting || exit; export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false; timeout 280 python3 benchmarks/dpo_check.py --out $OUT --steps 20 --model llama-1b --seq-len 1024 --runs dpo-full sft-full 2>&1 | grep -v -i "warning\|shards" | tail -12; rm -rf $OUT/work
+# -> dpo-full 0.174 s (predicted 0.187), sft-full 0.123 s (predicted 0.142); DPO/SFT per sequence 1.41 (predicted 1.31)
