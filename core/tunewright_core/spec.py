@@ -98,17 +98,22 @@ class ModelSpec(CamelModel):
                                  description="Hugging Face revision (branch, tag or commit).")
 
 
+# LoRA's settings with their bounds, wherever a surface takes them (this spec, the OpenAI route's `lora`)
+LoraRank = Annotated[int, Field(gt=0, le=4096)]
+LoraAlpha = Annotated[float, Field(gt=0, le=1e6)]
+LoraDropout = Annotated[float, Field(ge=0, lt=1)]
+LoraTargets = Annotated[list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]],
+                        Field(min_length=1, max_length=64)]
+
+
 class LoraSpec(CamelModel):
     """LoRA adapters (method.type lora)."""
 
-    r: Annotated[int, Field(gt=0, le=4096)] = Field(default=16, description="Adapter rank (at most the model's "
-                                                                             "hidden size).")
-    alpha: Annotated[float, Field(gt=0, le=1e6)] = Field(default=32, description="Adapter scaling numerator "
-                                                                                 "(scale = alpha / r).")
-    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(default=0.05, description="Dropout on the adapter input.")
-    target_modules: list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]] = Field(
-        default_factory=lambda: ["all-linear"], min_length=1, max_length=64,
-        description='Modules to adapt, or ["all-linear"].')
+    r: LoraRank = Field(default=16, description="Adapter rank (at most the model's hidden size).")
+    alpha: LoraAlpha = Field(default=32, description="Adapter scaling numerator (scale = alpha / r).")
+    dropout: LoraDropout = Field(default=0.05, description="Dropout on the adapter input.")
+    target_modules: LoraTargets = Field(default_factory=lambda: ["all-linear"],
+                                        description='Modules to adapt, or ["all-linear"].')
 
 
 class DpoSpec(CamelModel):

@@ -41,6 +41,10 @@ from tunewright_core.spec import (
     PREFERENCE_FORMAT,
     DpoSpec,
     FineTuneJobSpec,
+    LoraAlpha,
+    LoraDropout,
+    LoraRank,
+    LoraTargets,
     MethodType,
     Printable,
     Strategy,
@@ -53,11 +57,13 @@ OBJECTIVE_OF = {"supervised": "sft", "dpo": "dpo"}  # OpenAI's method.type: the 
 
 
 class LoraOptions(BaseModel):
+    """The spec's LoRA settings, with its bounds, named as this route names fields (snake_case)."""
+
     model_config = ConfigDict(extra="forbid")
-    r: int = 16
-    alpha: float = 32
-    dropout: float = 0.05
-    target_modules: list[str] = Field(default_factory=lambda: ["all-linear"])
+    r: LoraRank = 16
+    alpha: LoraAlpha = 32
+    dropout: LoraDropout = 0.05
+    target_modules: LoraTargets = Field(default_factory=lambda: ["all-linear"])
 
 
 class FineTuningJobCreate(BaseModel):
