@@ -14,6 +14,7 @@ import json
 
 from pydantic import ValidationError
 
+from tunewright_core.pools import planner_pool
 from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
 MAX_PLAN_CHARACTERS = 65536  # a plan with its rejected options is a few kB; annotations total 256 kB
@@ -41,18 +42,36 @@ def plan_annotation(spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec, pl
                        "plan": plan.model_dump(by_alias=True, mode="json", exclude_none=True)}, sort_keys=True)
 
 
+def _not_finite(constant: str) -> float:
+    raise ValueError(f"{constant} is not a number a plan holds")
+
+
 def adopted_plan(annotation: str | None, spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> JobPlan | None:
-    """The plan the annotation holds, when it was made for this spec on this pool and fits the pool; None
-    (plan again) otherwise."""
+    """The plan the annotation holds, when it was made for this spec on this pool and is one the planner
+    could have made there; None (plan again) otherwise. The fingerprint proves only what it was made for,
+    not who made it: whoever can write the job's annotations can write one, so the plan is held to
+    everything the spec and the pool allow (its size, strategy, workers and host memory)."""
     if not annotation or len(annotation) > MAX_PLAN_CHARACTERS:
         return None
     try:
-        written = json.loads(annotation)
+        written = json.loads(annotation, parse_constant=_not_finite)  # no NaN or Infinity in a plan
         if not isinstance(written, dict) or written.get("for") != fingerprint(spec, pool_name, pool):
             return None
         plan = JobPlan.model_validate(written.get("plan"))
     except (ValueError, ValidationError):
         return None
-    fits = (plan.pool == pool_name and plan.device == "gpu" and plan.nodes <= pool.max_nodes
-            and plan.gpus <= plan.nodes * pool.gpus_per_node)
-    return plan if fits else None
+    return plan if within_bounds(plan, spec, pool_name, pool) else None
+
+
+def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> bool:
+    """Whether the planner could have made `plan` for `spec` on `pool`: one worker a GPU, whole nodes of the
+    pool, no more GPUs than the spec allows, its strategy where it forces one, host memory within a node's."""
+    resources = spec.resources
+    host = plan.predicted.host_memory_gib_per_node if plan.predicted else 0.0
+    return (plan.pool == pool_name and plan.device == "gpu" and plan.workers == plan.gpus >= 1
+            and plan.gpus % plan.nodes == 0 and plan.nodes <= pool.max_nodes
+            and plan.gpus // plan.nodes <= pool.gpus_per_node
+            and (resources.max_gpus is None or plan.gpus <= resources.max_gpus)
+            and resources.strategy in ("auto", plan.strategy)
+            and plan.shard_group >= 1 and plan.gpus % plan.shard_group == 0
+            and host <= planner_pool(pool_name, pool).host_memory_per_node_gib)

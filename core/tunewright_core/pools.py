@@ -18,6 +18,7 @@ from tunewright_core.planner.estimate import Calibration, Layout, Workload, esti
 from tunewright_core.planner.hardware import (
     GPU,
     GPUS,
+    LINK_RANGE_OF_DECLARED,
     LINKS,
     Link,
     Pool,
@@ -163,6 +164,8 @@ def learnt_links(plan: JobPlan, pool_name: str, intra_node: str, inter_node: str
     bus = measured_bus_bytes_per_s(planned, plan.predicted.comm_seconds, transfer_seconds)
     if bus is None:
         return None
+    declared = LINKS[name].bus_bytes_per_s  # one window moves a shared pool's link only so far
+    bus = min(max(bus, declared * LINK_RANGE_OF_DECLARED[0]), declared * LINK_RANGE_OF_DECLARED[1])
     return ({**measured, key: fold_measurement(measured.get(key), bus, job_id, at)},
             f"pool {pool_name}: {name} measured {bus / 1e9:.3g} GB/s bus bandwidth in this window (declared "
             f"{LINKS[name].bus_bytes_per_s / 1e9:.3g}); its next plans use the mean of its last windows")

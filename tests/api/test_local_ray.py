@@ -67,3 +67,22 @@ def test_jobs_join_the_servers_ray_and_it_stops_with_the_api(tmp_path, tiny_mode
         assert all("starting a Ray cluster for this run alone" not in log for log in logs)
         assert all(head["address"] in log or "Connected to Ray cluster" in log for log in logs), logs[0][-2000:]
     assert not alive(head["pid"]) and not (server.settings.data_dir / STATE_FILE).exists()
+
+
+def test_the_record_is_owner_only_and_a_foreign_folder_is_never_removed(tmp_path):
+    """ray.json holds the head's token: written whole, mode 0600, even over a wider file. A record naming a
+    folder this API does not make (hand-edited: "/") is not ours: nothing is signalled, nothing removed."""
+    from tunewright_api.backends.local_ray import Head, is_ours
+
+    state = tmp_path / STATE_FILE
+    state.write_text("{}")
+    state.chmod(0o644)
+    ray = ServerRay(tmp_path, 1, 0, {})
+    ray._record(Head(os.getpid(), "127.0.0.1:1", "/tmp/tw-ray-x", "secret"))
+    assert state.stat().st_mode & 0o777 == 0o600 and json.loads(state.read_text())["token"] == "secret"
+    assert not is_ours(Head(os.getpid(), "127.0.0.1:1", "/", "t"))
+    assert not is_ours(Head(os.getpid(), "127.0.0.1:1", "/tmp/tw-ray-x", "t"))  # this process names no such folder
+    state.write_text(json.dumps({"pid": os.getpid(), "address": "127.0.0.1:1", "temp_dir": str(tmp_path),
+                                 "token": "t"}))
+    ray.stop()  # a record not ours: dropped, this process unharmed, the folder kept
+    assert not state.exists() and tmp_path.exists()

@@ -40,7 +40,7 @@ def answering(status: int, seen: list | None = None) -> httpx.Client:
 @pytest.mark.parametrize(("status", "found", "missing", "says"), [
     (200, True, False, "on the hub (https://huggingface.co)"),
     (302, True, False, "on the hub"),
-    (404, False, True, "has no model org/model (HTTP 404)"),
+    (404, False, True, "has no model org/model at main (HTTP 404)"),
     (401, False, False, "refuses it without access (HTTP 401: a gated or private model"),
     (403, False, False, "HF_TOKEN"),
     (500, False, False, "answered HTTP 500"),
@@ -75,7 +75,8 @@ def closed_port() -> int:
     ("missing", False, "has no model"),
 ])
 def test_what_is_refused_where(tmp_path, status, runs_here, refused):
-    env = {"HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}"}
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_ENDPOINT": f"http://127.0.0.1:{closed_port()}",
+           "HF_TOKEN_PATH": str(tmp_path / "no-token")}
     client = answering(404) if status == "missing" else None
     why = hub.refusal("hf://org/model", hub.availability("org/model", env, client), runs_here)
     if refused is None:
@@ -123,3 +124,21 @@ def test_a_hub_that_does_not_answer_in_time_is_not_waited_for(monkeypatch):
     started = time.monotonic()
     got = hub.on_hub("org/model", {}, httpx.Client(transport=httpx.MockTransport(hang)))
     assert time.monotonic() - started < 1 and not got.found and "did not answer within 0.1 s" in got.said
+
+
+def test_the_revision_is_asked_for_and_a_saved_login_is_used(tmp_path):
+    seen = []
+    (tmp_path / "token").write_text("hf_saved\n")
+    hub.on_hub("org/model", {"HF_HOME": str(tmp_path)}, answering(200, seen), revision="v1.0/rc")
+    (request,) = seen
+    assert str(request.url).endswith("/org/model/resolve/v1.0%2Frc/config.json")
+    assert request.headers["Authorization"] == "Bearer hf_saved"
+
+
+def test_a_404_to_an_authenticated_question_refuses_only_where_the_run_is_here(tmp_path):
+    """With a token, a 404 may be another account's private model: a cluster's workers may hold access."""
+    env = {"HF_HUB_CACHE": str(tmp_path), "HF_TOKEN": "hf_mine"}
+    found = hub.availability("org/private", env, answering(404))
+    assert found.missing and found.authenticated
+    assert hub.refusal("org/private", found, runs_here=False) is None
+    assert "has no model org/private at main" in hub.refusal("org/private", found, runs_here=True)

@@ -163,3 +163,13 @@ def test_a_gpupool_that_learns_keeps_its_efficiency_in_its_status_and_the_next_p
     assert f"{LEARNED_ENOUGH} profiler windows of this pool's jobs measured it" in after.predicted.band.basis
     cluster.patch_status("GPUPool", None, "l40s", {"measuredEfficiency": None})  # forgetting it
     assert backend.pool("l40s").gpu == calibration.for_gpu("L40S")
+
+
+def test_one_window_moves_a_shared_pool_only_so_far():
+    """A job's telemetry can be wrong, or forged by whoever holds its token: one window's factor is held to
+    EFFICIENCY_FACTOR_RANGE, and one link window to a range around the declared bandwidth."""
+    from tunewright_core.planner.hardware import EFFICIENCY_FACTOR_RANGE, LINK_RANGE_OF_DECLARED
+
+    assert fold_efficiency(None, "H100", 1e6, "ftjob-x", 1.0)["factor"] == EFFICIENCY_FACTOR_RANGE[1]
+    assert fold_efficiency(None, "H100", 1e-6, "ftjob-x", 1.0)["factor"] == EFFICIENCY_FACTOR_RANGE[0]
+    assert LINK_RANGE_OF_DECLARED[0] < 1 < LINK_RANGE_OF_DECLARED[1]

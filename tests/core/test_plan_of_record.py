@@ -50,3 +50,37 @@ def with_plan(**fields) -> str:
 def test_adopted_only_as_made(annotation, spec, pool_name, pool, adopted):
     found = adopted_plan(annotation, spec, pool_name, pool)
     assert (found == PLAN) if adopted else found is None
+
+
+def real_plan() -> JobPlan:
+    from tunewright_core.planner import calibration
+    from tunewright_core.planner.jobs import plan_job
+    from tunewright_core.planner.models import lookup
+    from tunewright_core.pools import planner_pool
+
+    cal, _ = calibration.load()
+    return plan_job(SPEC, planner_pool("h100", POOL), cal, lookup(SPEC.model.source), None)
+
+
+@pytest.mark.parametrize(("change", "spec"), [
+    ({"workers": 8}, SPEC),  # fewer workers than GPUs: Ray Train would wait for the rest forever
+    ({"gpus": 0, "workers": 0}, SPEC),
+    ({"gpus": 10, "workers": 10, "nodes": 3}, SPEC),  # not spread evenly over its nodes
+    ({"shard_group": 5}, SPEC),
+    ({}, SPEC.model_copy(update={"resources": SPEC.resources.model_copy(update={"max_gpus": 8})})),
+    ({}, SPEC.model_copy(update={"resources": SPEC.resources.model_copy(update={"strategy": "ddp"})})),
+])
+def test_a_plan_the_spec_or_pool_would_not_allow_is_not_adopted(change, spec):
+    """The fingerprint says what a plan was made for, not who made it: the plan is held to the spec and pool."""
+    plan = PLAN.model_copy(update=change)
+    assert adopted_plan(plan_annotation(spec, "h100", POOL, plan), spec, "h100", POOL) is None
+
+
+def test_host_memory_beyond_a_node_s_or_not_a_number_is_not_adopted():
+    plan = real_plan()
+    assert adopted_plan(plan_annotation(SPEC, "h100", POOL, plan), SPEC, "h100", POOL) == plan  # as planned
+    greedy = plan.model_copy(update={"cpu_offload": True, "predicted": plan.predicted.model_copy(
+        update={"host_memory_gib_per_node": 1900.0})})
+    assert adopted_plan(plan_annotation(SPEC, "h100", POOL, greedy), SPEC, "h100", POOL) is None
+    not_a_number = plan_annotation(SPEC, "h100", POOL, plan).replace('"stepSeconds": ', '"stepSeconds": NaN, "x": ', 1)
+    assert "NaN" in not_a_number and adopted_plan(not_a_number, SPEC, "h100", POOL) is None

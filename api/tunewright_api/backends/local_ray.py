@@ -27,6 +27,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 STATE_FILE = "ray.json"
+SESSION_PREFIX = "tw-ray-"  # its session folder, under the system's temporary folder
 START_SECONDS = 120.0  # a cold head on a busy 2-core machine takes 10-30 s
 
 
@@ -62,13 +63,21 @@ def alive(pid: int) -> bool:
     return True
 
 
+def our_folder(path: str) -> bool:
+    folder = Path(path)
+    return folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith(SESSION_PREFIX)
+
+
 def is_ours(head: Head) -> bool:
     """Whether the recorded process is still our head (a pid is reused after it ends, or after a reboot):
-    its command line names the session folder this API made for it."""
+    a session folder of the kind this API makes, named by the process's own --temp-dir argument."""
+    if not our_folder(head.temp_dir):
+        return False  # not a record this API wrote: nothing it names is signalled or removed
     try:
-        return head.temp_dir in Path(f"/proc/{head.pid}/cmdline").read_bytes().decode(errors="replace")
+        arguments = Path(f"/proc/{head.pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
+    return f"--temp-dir={head.temp_dir}" in arguments
 
 
 def free_port() -> int:
@@ -117,15 +126,14 @@ class ServerRay:
 
     def _start(self) -> Head:
         # short: the session folder holds Unix sockets, whose paths are at most 107 bytes
-        temp_dir = tempfile.mkdtemp(prefix="tw-ray-")
+        temp_dir = tempfile.mkdtemp(prefix=SESSION_PREFIX)
         port, token = free_port(), secrets.token_hex(32)
         with self.log_path.open("ab") as out:
             self._proc = subprocess.Popen(head_command(port, temp_dir, self.cpus, self.gpus), stdout=out,
                                           stderr=subprocess.STDOUT, env={**self.environment, **auth_environment(token)},
                                           start_new_session=True)
         head = Head(self._proc.pid, f"127.0.0.1:{port}", temp_dir, token)
-        self.state.touch(mode=0o600)
-        self.state.write_text(json.dumps(asdict(head)))  # before waiting: a crash meanwhile leaves it findable
+        self._record(head)  # before waiting: a crash meanwhile leaves it findable
         deadline = time.monotonic() + START_SECONDS
         while not answers(head.address):
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -134,6 +142,15 @@ class ServerRay:
             time.sleep(0.2)
         log.info("started the server's Ray at %s (process %d)", head.address, head.pid)
         return head
+
+    def _record(self, head: Head) -> None:
+        """Written whole and owner-only (it holds the token), whatever was there before."""
+        partial = self.state.with_name(f".{self.state.name}.partial")
+        partial.unlink(missing_ok=True)
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(asdict(head)))
+        os.replace(partial, self.state)
 
     def _stop(self, head: Head) -> None:
         """Its whole process group (GCS, raylet, workers): asked, then killed; its session folder removed.
@@ -153,5 +170,6 @@ class ServerRay:
         if self._proc is not None and self._proc.pid == head.pid:
             self._proc.wait(timeout=10)
             self._proc = None
-        shutil.rmtree(head.temp_dir, ignore_errors=True)
+        if our_folder(head.temp_dir):
+            shutil.rmtree(head.temp_dir, ignore_errors=True)
         self.state.unlink(missing_ok=True)

@@ -76,8 +76,8 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
                        "suspend", "unsupported")
     spec = readable_model(spec, session=session, tenant=tenant, data_dir=data_dir, model_roots=model_roots,
                           param=model_param)
-    if is_hub_name(spec.model.source) and (why := hub.refusal(
-            spec.model.source, hub.availability(spec.model.source.removeprefix("hf://")), backend.runs_here)):
+    if is_hub_name(spec.model.source) and (why := hub.refusal(spec.model.source, hub.availability(
+            spec.model.source.removeprefix("hf://"), revision=spec.model.revision), backend.runs_here)):
         raise ApiError(422, why, model_param, "model_not_found")
     if (reference := dpo_reference(spec)) is not None and is_hub_name(reference) and (why := hub.refusal(
             reference, hub.availability(reference.removeprefix("hf://")), backend.runs_here)):

@@ -167,11 +167,18 @@ def measured_efficiency_factor(catalog_compute_seconds: float, predicted_compute
     return catalog_compute_seconds / measured_compute
 
 
+# what one window may teach: a job's own telemetry can be wrong (or forged by whoever holds its token), and
+# one window must not move every later plan on a shared pool beyond what a GPU can be off its catalog figures
+EFFICIENCY_FACTOR_RANGE = (0.2, 2.0)
+LINK_RANGE_OF_DECLARED = (1 / 20, 1.5)
+
+
 def fold_efficiency(previous: dict | None, gpu: str, factor: float, job_id: str, at: float) -> dict:
-    """A pool's efficiency record with one more window: the running mean of the factor over at most
-    LINK_WINDOWS_KEPT windows; a record of another GPU type (the pool's GPU changed) starts again."""
+    """A pool's efficiency record with one more window (its factor held to EFFICIENCY_FACTOR_RANGE): the
+    running mean over at most LINK_WINDOWS_KEPT windows; a record of another GPU type starts again."""
     kept = previous if previous and previous.get("gpu") == gpu else {}
-    return _running_mean({**kept, "gpu": gpu}, "factor", factor, job_id, at)
+    low, high = EFFICIENCY_FACTOR_RANGE
+    return _running_mean({**kept, "gpu": gpu}, "factor", min(max(factor, low), high), job_id, at)
 
 
 def learned_gpu(gpu: GPU, catalog_key: str, measured: dict | None) -> GPU:
