@@ -40,6 +40,12 @@ CEL_RULES: dict[tuple[str, ...], list[dict]] = {
          "message": "method.objective: dataset.format preference holds preference pairs, which only objective dpo "
                     "trains on: set method.objective to dpo"},
     ],
+    ("method",): [  # MethodSpec._quantized_base_is_lora
+        {"rule": "!(has(self.type) && self.type == 'full' && has(self.lora) && has(self.lora.quantization) && "
+                 "self.lora.quantization == 'nf4')",
+         "message": "lora.quantization: nf4 loads a frozen LoRA base in 4 bits, but type full trains every weight: "
+                    "set type lora, or lora.quantization none"},
+    ],
     ("hyperparameters",): [
         {"rule": "!(has(self.globalBatchSize) && has(self.globalBatchTokens))",
          "message": "set globalBatchSize or globalBatchTokens, not both"},

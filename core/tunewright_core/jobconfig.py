@@ -40,6 +40,8 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
     method_config: dict = {"type": method.type, "lora": {"r": method.lora.r, "alpha": method.lora.alpha,
                                                          "dropout": method.lora.dropout,
                                                          "target_modules": list(method.lora.target_modules)}}
+    if plan.quantization != "none":  # auto resolved by the plan; a bf16 base's config is what it always was
+        method_config["lora"]["quantization"] = plan.quantization
     if method.objective == "dpo":
         dpo = method.dpo
         method_config["objective"] = "dpo"
@@ -54,7 +56,8 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
         "hyperparameters": hyperparameters,
         "strategy": strategy,
         "checkpoint": {"storage": checkpoint_storage or spec.checkpoint.storage,
-                       "every_steps": spec.checkpoint.every_steps},
+                       "every_steps": spec.checkpoint.every_steps,
+                       **({"export_merged": True} if spec.checkpoint.export_merged else {})},
         "metrics": {"path": metrics_path, "endpoint": telemetry_endpoint},
         "eval": {"every_steps": spec.evaluation.every_steps,
                  "exact_match": spec.evaluation.exact_match and validation is not None,

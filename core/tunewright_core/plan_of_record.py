@@ -22,11 +22,19 @@ MAX_PLAN_CHARACTERS = 65536  # a plan with its rejected options is a few kB; ann
 
 def spec_hash(spec: FineTuneJobSpec) -> str:
     """What a run is made from: everything in the spec but `suspend` (which may change while it runs). An sft
-    spec's hash leaves out the fields dpo added (method.objective, method.dpo), so that it is what it was before
-    them: a job that ran then is not taken for a changed one (nor its plan of record for another spec's)."""
+    spec's hash leaves out the fields dpo added (method.objective, method.dpo), and at their defaults those QLoRA
+    added (method.lora.quantization, checkpoint.exportMerged), so that it is what it was before them: a job that ran then is not taken
+    for a changed one (nor its plan of record for another spec's)."""
     exclude: dict = {"suspend": True}
+    method: dict = {}
     if spec.method.objective == "sft":
-        exclude["method"] = {"objective": True, "dpo": True}
+        method.update(objective=True, dpo=True)
+    if spec.method.lora.quantization == "none":
+        method["lora"] = {"quantization": True}
+    if method:
+        exclude["method"] = method
+    if not spec.checkpoint.export_merged:
+        exclude["checkpoint"] = {"export_merged": True}
     return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude=exclude).encode()).hexdigest()
 
 
@@ -65,7 +73,8 @@ def adopted_plan(annotation: str | None, spec: FineTuneJobSpec, pool_name: str, 
 
 def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> bool:
     """Whether the planner could have made `plan` for `spec` on `pool`: one worker a GPU, whole nodes of the
-    pool, no more GPUs than the spec allows, its strategy where it forces one, host memory within a node's."""
+    pool, no more GPUs than the spec allows, its strategy where it forces one, the base's quantization where it
+    sets one, host memory within a node's."""
     resources = spec.resources
     host = plan.predicted.host_memory_gib_per_node if plan.predicted else 0.0
     return (plan.pool == pool_name and plan.device == "gpu" and plan.workers == plan.gpus >= 1
@@ -73,5 +82,12 @@ def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GP
             and plan.gpus // plan.nodes <= pool.gpus_per_node
             and (resources.max_gpus is None or plan.gpus <= resources.max_gpus)
             and resources.strategy in ("auto", plan.strategy)
+            and plan.quantization in allowed_quantizations(spec)
             and plan.shard_group >= 1 and plan.gpus % plan.shard_group == 0
             and host <= planner_pool(pool_name, pool).host_memory_per_node_gib)
+
+
+def allowed_quantizations(spec: FineTuneJobSpec) -> tuple[str, ...]:
+    """The LoRA base quantizations a plan for `spec` may load: the one it asks for, either for auto."""
+    asked = spec.method.lora.quantization if spec.method.type == "lora" else "none"
+    return ("none", "nf4") if asked == "auto" else (asked,)

@@ -26,6 +26,7 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MethodType = Literal["lora", "full"]
 Objective = Literal["sft", "dpo"]
+BaseQuantization = Literal["none", "nf4"]  # how a plan loads a LoRA base
 DatasetFormat = Literal["chat", "prompt_completion", "text", "preference"]
 # the dataset format each objective trains on: dpo on preference pairs, sft on any other
 PREFERENCE_FORMAT = "preference"
@@ -104,6 +105,7 @@ LoraAlpha = Annotated[float, Field(gt=0, le=1e6)]
 LoraDropout = Annotated[float, Field(ge=0, lt=1)]
 LoraTargets = Annotated[list[Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]],
                         Field(min_length=1, max_length=64)]
+LoraQuantization = Literal["none", "nf4", "auto"]
 
 
 class LoraSpec(CamelModel):
@@ -114,6 +116,13 @@ class LoraSpec(CamelModel):
     dropout: LoraDropout = Field(default=0.05, description="Dropout on the adapter input.")
     target_modules: LoraTargets = Field(default_factory=lambda: ["all-linear"],
                                         description='Modules to adapt, or ["all-linear"].')
+    quantization: LoraQuantization = Field(
+        default="none", description="The frozen base's weights. none: bf16. nf4 (QLoRA): the decoder blocks' linear "
+                                    "weights in 4-bit NF4 (bitsandbytes, double quantization, bf16 compute), about "
+                                    "a quarter of their memory, at the price of dequantizing them in every pass "
+                                    "(slower steps) and a small quality cost (the adapters learn on rounded "
+                                    "weights); one GPU or DDP. auto: nf4 only where a bf16 base fits no GPU count "
+                                    "allowed without CPU offload.")
 
 
 class DpoSpec(CamelModel):
@@ -145,6 +154,13 @@ class MethodSpec(CamelModel):
                                    "rejected one (dataset.format preference). Orthogonal to type.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="Adapter settings (ignored for full).")
     dpo: DpoSpec = Field(default_factory=DpoSpec, description="DPO settings (ignored for sft).")
+
+    @model_validator(mode="after")
+    def _quantized_base_is_lora(self) -> MethodSpec:
+        if self.type == "full" and self.lora.quantization == "nf4":
+            raise ValueError("lora.quantization: nf4 loads a frozen LoRA base in 4 bits, but type full trains every "
+                             "weight: set type lora, or lora.quantization none")
+        return self
 
 
 class DatasetSpec(CamelModel):
@@ -228,6 +244,10 @@ class CheckpointSpec(CamelModel):
     credentials_secret: str | None = Field(
         default=None, max_length=253, description="Secret (same namespace) whose keys become the workers' "
                                                   "environment, for object-store storage (e.g. AWS_ACCESS_KEY_ID).")
+    export_merged: bool = Field(
+        default=False, description="LoRA: also export the base with the adapter folded in (a 4-bit base "
+                                   "dequantized to bf16), for tools that cannot load an adapter; as large as the "
+                                   "model.")
 
 
 class EvaluationSpec(CamelModel):
@@ -338,6 +358,9 @@ class JobPlan(CamelModel):
                                   "backward (one all-gather per block per micro-batch instead of two; more memory).")
     shard_group: PositiveInt = Field(default=1, description="Workers one copy of the training state is sharded over.")
     cpu_offload: bool = Field(default=False, description="Sharded states in host memory, optimizer on the CPU.")
+    quantization: BaseQuantization = Field(
+        default="none", description="How the frozen LoRA base is loaded: nf4 (4-bit, QLoRA) or none (bf16), as "
+                                    "method.lora.quantization asks or, for auto, as the planner chose.")
     predicted: Predicted | None = Field(default=None, description="Absent where nothing is modelled (CPU).")
     link_bus_bytes_per_s: float | None = Field(
         default=None, description="The bus bandwidth the plan's collectives were predicted at on the link that "

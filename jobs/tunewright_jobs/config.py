@@ -67,6 +67,12 @@ class LoraConfig(_Strict):
         min_length=1,
         description='Module names to adapt, or ["all-linear"] for every linear layer but the output head.',
     )
+    quantization: Literal["none", "nf4"] = Field(
+        default="none",
+        description="The frozen base's linear layers (not the output head): none keeps model.dtype; nf4 (QLoRA) "
+                    "loads them in 4-bit NF4 with double quantization through bitsandbytes, computing in the compute "
+                    "dtype, each rank holding a whole copy (strategy single or ddp, no cpu_offload).",
+    )
 
 
 class DpoConfig(_Strict):
@@ -289,7 +295,21 @@ class JobConfig(_Strict):
         if self.eval.exact_match and self.dataset.validation is None:
             raise ValueError("eval.exact_match: needs dataset.validation")
         self._objective_fits_the_data()
+        self._quantized_base_fits_the_layout()
         return self
+
+    def _quantized_base_fits_the_layout(self) -> None:
+        if self.method.lora.quantization == "none":
+            return
+        if self.method.type != "lora":
+            raise ValueError("method.lora.quantization: nf4 loads a frozen LoRA base in 4 bits, but method.type full "
+                             "trains every weight: set method.type: lora, or quantization: none")
+        if self.strategy.type not in ("single", "ddp"):
+            raise ValueError(f"strategy.type: a 4-bit (nf4) base is not sharded, so strategy {self.strategy.type} "
+                             "cannot hold it: use single or ddp (each rank a whole copy), or quantization: none")
+        if self.strategy.cpu_offload:
+            raise ValueError("strategy.cpu_offload: a 4-bit (nf4) base stays on the GPU: set cpu_offload: false, "
+                             "or method.lora.quantization: none")
 
     def _objective_fits_the_data(self) -> None:
         dpo, pairs = self.method.objective == "dpo", self.dataset.format == "preference"

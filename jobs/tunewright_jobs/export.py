@@ -1,6 +1,6 @@
 """Final export in Hugging Face format: the LoRA adapter (and merged weights on request), or the full model.
 
-Parameters are gathered to rank 0 on the CPU; the export is written to a temporary folder and renamed
+Parameters are gathered to rank 0 on the CPU (a 4-bit base is whole on every rank: rank 0 dequantizes its own); the export is written to a temporary folder and renamed
 into place, so `<output_dir>/final` is either complete or absent.
 
 Every exported folder carries the tokenizer and a generation_config.json that stops at the end of an
@@ -48,7 +48,10 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
         save_generation_files(staging / "adapter", tokenizer, generation)
         exported.append("adapter")
         if cfg.checkpoint.export_merged:
-            merge_adapter(cfg, staging / "adapter", staging / "merged")
+            if cfg.method.lora.quantization == "nf4":
+                merge_dequantized(cfg, model, state, staging / "merged")
+            else:
+                merge_adapter(cfg, staging / "adapter", staging / "merged")
             save_generation_files(staging / "merged", tokenizer, generation)
             exported.append("merged")
     else:
@@ -101,3 +104,58 @@ def merge_adapter(cfg: JobConfig, adapter_dir: Path, out_dir: Path) -> None:
                                                 trust_remote_code=cfg.model.trust_remote_code, dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
     merged.save_pretrained(out_dir)
+
+
+def merge_dequantized(cfg: JobConfig, model, adapter: dict[str, torch.Tensor], out_dir: Path) -> None:
+    """QLoRA's merged export: each 4-bit weight dequantized from the very codes training computed on (not re-read
+    from the source and quantized again), plus its adapter's B·A·alpha/r added in fp32, saved in the dtype the
+    base computed in (bf16 on a GPU, fp32 on a CPU run)."""
+    from transformers import AutoModelForCausalLM
+
+    from tunewright_jobs.model import weights_dtype
+
+    dtype = weights_dtype(cfg)
+    base = model.get_base_model()
+    weights = dequantized_weights(base, dtype)
+    scale = cfg.method.lora.alpha / cfg.method.lora.r
+    for name, a in adapter.items():  # ...q_proj.lora_A.default.weight, beside its lora_B
+        if ".lora_A." not in name:
+            continue
+        module, adapter_name = name.removeprefix("base_model.model.").split(".lora_A.")
+        b = adapter[f"base_model.model.{module}.lora_B.{adapter_name}"]
+        key = f"{module}.weight"
+        delta = (b.float() @ a.float()) * scale
+        if delta.shape != weights[key].shape:  # GPT-2's Conv1D keeps its weight as (in, out)
+            delta = delta.T
+        weights[key] = (weights[key].float() + delta).to(dtype)
+    config = copy.deepcopy(base.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        merged = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                  trust_remote_code=cfg.model.trust_remote_code)
+    unexpected = merged.load_state_dict(weights, assign=True, strict=False).unexpected_keys
+    merged.tie_weights()  # a tied head is no weight of its own: it becomes the embeddings' here
+    missing = [name for name, p in merged.named_parameters() if p.is_meta]
+    if missing or unexpected:
+        raise RuntimeError(f"merged export: the dequantized base does not match its architecture (missing "
+                           f"{missing[:5]}, unexpected {unexpected[:5]})")
+    merged.save_pretrained(out_dir)
+
+
+def dequantized_weights(base, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The base model's weights by their own names (PEFT's `base_layer` and adapters left out), 4-bit ones
+    dequantized, on the CPU in `dtype`."""
+    import bitsandbytes as bnb
+    from bitsandbytes.functional import dequantize_4bit
+
+    weights = {}
+    for module_name, module in base.named_modules():
+        parts = module_name.split(".")
+        if any(part.startswith("lora_") for part in parts):
+            continue
+        prefix = ".".join(part for part in parts if part != "base_layer")
+        for name, p in module.named_parameters(recurse=False):
+            value = dequantize_4bit(p.data, p.quant_state) if isinstance(p, bnb.nn.Params4bit) else p.detach()
+            weights[f"{prefix}.{name}" if prefix else name] = value.to("cpu", dtype)
+    return weights

@@ -1,12 +1,15 @@
-"""Model and tokenizer loading (path or Hugging Face id), LoRA through PEFT, full fine-tuning."""
+"""Model and tokenizer loading (path or Hugging Face id), LoRA through PEFT (on a 4-bit base: QLoRA), full
+fine-tuning."""
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
 from tunewright_jobs.config import JobConfig
+from tunewright_jobs.parallel import compute_dtype
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +40,53 @@ def loaded_attention(cfg: JobConfig) -> str:
     return "sdpa" if cfg.model.attn_implementation in ("auto", "varlen") else cfg.model.attn_implementation
 
 
-def load_model(cfg: JobConfig):
-    """The causal LM, LoRA-wrapped when asked, on the CPU (sharding moves each rank's part to its device)."""
+CPU = torch.device("cpu")
+
+
+def load_model(cfg: JobConfig, device: torch.device = CPU):
+    """The causal LM, LoRA-wrapped when asked, on the CPU (sharding moves each rank's part to its device); a
+    4-bit base is quantized as it loads, on `device`, so that no bf16 copy of it is ever whole."""
     from transformers import AutoModelForCausalLM
 
     source, revision = cfg.weights_source
+    placement = {}
+    if cfg.method.lora.quantization == "nf4":
+        placement = {"quantization_config": nf4_config(compute_dtype(cfg, device)), "device_map": {"": device}}
     model = AutoModelForCausalLM.from_pretrained(
         source, dtype=weights_dtype(cfg), revision=revision,
-        trust_remote_code=cfg.model.trust_remote_code, attn_implementation=loaded_attention(cfg),
+        trust_remote_code=cfg.model.trust_remote_code, attn_implementation=loaded_attention(cfg), **placement,
     )
     model.config.use_cache = False
+    if placement and device.type == "cpu":
+        keep_codes_as_trained(model)
     if cfg.strategy.activation_checkpointing:
         checkpoint_blocks(model, every=cfg.strategy.activation_checkpointing_every)
     if cfg.method.type == "lora":
         model = apply_lora(cfg, model)
     return model
+
+
+def nf4_config(compute: torch.dtype):
+    """QLoRA's base as the paper has it: NF4 codes in blocks of 64, their scales double-quantized, products in
+    the compute dtype. The output head stays in the weights dtype (transformers leaves it out)."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise ValueError("method.lora.quantization: nf4 needs bitsandbytes in the training image "
+                         "(pip install 'tunewright[jobs]'), or quantization: none") from None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute)
+
+
+def keep_codes_as_trained(model) -> None:
+    """On a CPU with AVX-512 BF16, bitsandbytes repacks a 4-bit weight in place the first time it runs in eval
+    mode without gradients (a faster inference layout, and only for widths divisible by 32): training moves
+    between evaluation and steps, so the codes stay in the one layout every pass reads."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def checkpoint_blocks(model, every: int) -> None:
@@ -103,6 +138,8 @@ def transformer_blocks(model) -> list[torch.nn.Module]:
 
 
 def parameter_counts(model) -> tuple[int, int]:
-    total = sum(p.numel() for p in model.parameters())
+    """Parameters (a 4-bit weight counted by its shape, not its packed bytes) and the trainable ones."""
+    total = sum(math.prod(p.quant_state.shape) if getattr(p, "quant_state", None) is not None else p.numel()
+                for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return total, trainable

@@ -296,11 +296,13 @@ def one_gpu_shards(model: torch.nn.Module, shard_size: int, offload: bool, dtype
     """FSDP2 options where each shard is a whole GPU's copy (DDP, FSDP on one rank): frozen weights in the
     compute dtype (a LoRA base in bf16; identical on every replica) need no gathering, no reduction, no
     cast and no optimizer, so they stay plain tensors outside FSDP instead of being copied into a gathered
-    buffer for every block's forward and backward. Frozen weights in another dtype stay in FSDP, which
-    casts them; offloading keeps everything in FSDP, which is what moves it to the host."""
+    buffer for every block's forward and backward; so do a 4-bit base's codes (QLoRA), which only their own
+    modules read. Frozen weights in another floating dtype stay in FSDP, which casts them; offloading keeps
+    everything in FSDP, which is what moves it to the host."""
     if shard_size > 1 or offload:
         return {}
-    frozen = {p for p in model.parameters() if not p.requires_grad and p.dtype == dtype}
+    frozen = {p for p in model.parameters()
+              if not p.requires_grad and (p.dtype == dtype or not p.is_floating_point())}
     return {"ignored_params": frozen} if frozen else {}
 
 

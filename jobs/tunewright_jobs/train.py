@@ -354,7 +354,7 @@ class Trainer:
         # Same seed on every rank while new weights (LoRA adapters) are drawn: FSDP keeps each rank's own
         # shard of them, so they must agree. Afterwards each rank gets its own stream, for dropout.
         seed_everything(cfg.hyperparameters.seed)
-        model = load_model(cfg)
+        model = load_model(cfg, dist.device)
         self.total_params, self.trainable_params = parameter_counts(model)
         # Exact match scores answers cut where the exported model's generation stops.
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.dataset.format, model.generation_config.eos_token_id)

@@ -59,7 +59,8 @@ def test_a_misspelt_key_is_answered_with_the_key_it_meant_on_every_route_that_re
                                                       "max_stesp": 10})
     assert openai.status_code == 400 and openai.json()["error"]["param"] == "lora.rnak"
     assert openai.json()["error"]["message"] == ("lora.rnak: unknown key; the keys here are: r, alpha, dropout, "
-                                                 "target_modules; max_stesp: unknown key; did you mean max_steps?")
+                                                 "target_modules, quantization; max_stesp: unknown key; did you mean "
+                                                 "max_steps?")
 
 
 def test_ids_and_paths_no_file_or_row_can_have_are_refused_naming_them(server, tiny_models):

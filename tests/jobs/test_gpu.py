@@ -1,4 +1,4 @@
-"""The runtime on CUDA: bf16 LoRA and full fine-tuning on one GPU (with and without CPU offload), DDP,
+"""The runtime on CUDA: bf16 LoRA, QLoRA and full fine-tuning on one GPU (with and without CPU offload), DDP,
 FSDP and HSDP over NCCL on two, with the measured communication share.
 
 CI has no GPU (these are skipped there); they run on the device machine: `pytest -m gpu`.
@@ -38,6 +38,31 @@ def test_lora_bf16_on_one_gpu(tiny_models, tmp_path):
     steps = metrics(cfg)
     assert all(r.peak_memory_gib > 0 for r in steps)
     assert (Path(result["export"]["adapter"]) / "adapter_model.safetensors").exists()
+
+
+def test_qlora_on_one_gpu_learns_and_its_merged_bf16_export_computes_what_the_adapter_does(tiny_models, tmp_path):
+    """bitsandbytes' CUDA kernels (the CPU tests run its CPU backend): the 4-bit base quantized as it loads on
+    the GPU, compiled blocks and all; the merged export is bf16 here, so the logits agree to bf16's rounding of
+    the merged weights (on the tiny Llama, whose weights are drawn 10x wider than a real model's: 10% of their
+    spread at most)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tunewright_jobs.model import nf4_config
+
+    cfg = cuda_config(tiny_models, tmp_path, method={"lora": {"quantization": "nf4"}},
+                      hyperparameters={"max_steps": 30}, checkpoint={"export_merged": True})
+    result = train_without_ray(cfg)
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_models["llama"], quantization_config=nf4_config(torch.bfloat16),
+                                                device_map={"": "cuda"}, dtype=torch.bfloat16)
+    adapter = PeftModel.from_pretrained(base, result["export"]["adapter"]).eval()
+    merged = AutoModelForCausalLM.from_pretrained(result["export"]["merged"], device_map={"": "cuda"}).eval()
+    assert merged.dtype == torch.bfloat16
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29]], device="cuda")
+    with torch.no_grad():
+        want, got = adapter(ids).logits.float(), merged(ids).logits.float()
+    assert (got - want).abs().max() < 0.1 * want.std()
 
 
 def test_full_on_one_gpu(single_gpu_full):

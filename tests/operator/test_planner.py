@@ -12,6 +12,7 @@ from tunewright_core.planner.estimate import (
     END_OF_BACKWARD,
     GRADIENTS,
     LOSS_GRADIENTS,
+    NF4_BASE,
     ROOT_GRADIENTS,
     START_OF_BACKWARD,
     Layout,
@@ -531,16 +532,44 @@ def test_sharding_and_checkpointing_trade_memory_for_time():
     assert two.peak_memory_bytes / GIB > 80  # 8B full over two GPUs at 8K tokens a micro-batch: no H100 holds it
 
 
-def test_qlora_memory_follows_the_paper_and_is_refused_until_the_runtime_has_it():
+def test_qlora_memory_follows_the_paper():
     """QLoRA: ~0.52 bytes per block weight (NF4 + double-quantized constants); the paper fine-tunes a 65B model
-    on one 48 GB GPU. The runtime has no 4-bit base yet, so no plan is made, and the answer says so."""
+    on one 48 GB GPU."""
     model = CATALOG["meta-llama/Llama-3.1-70B"]
     w = Workload(model, "qlora", 2048, 16, 100)
-    base = sharded_states(w, Layout("single", 1, 1, 1, 1, True))["frozen base (NF4 blocks, bf16 rest)"]
+    base = sharded_states(w, Layout("single", 1, 1, 1, 1, True))[NF4_BASE]
     assert 0.5 * model.params < base < 0.6 * model.params  # bytes: about half a byte per parameter
     assert estimate(w, Layout("single", 1, 1, 1, 16, True), pool("H100", per_node=1), CAL).peak_memory_bytes < 60 * GIB
-    with pytest.raises(NoPlan, match="method qlora: the runtime does not train 4-bit bases yet"):
-        plan(w, pool("H100", per_node=1), CAL)
+
+
+def test_qlora_pays_for_dequantizing_every_pass_per_micro_batch():
+    """Each micro-batch dequantizes every block weight in forward, in backward and in the recompute: the same
+    tokens in more micro-batches cost more, and checkpointing adds a pass."""
+    w = Workload(CATALOG["meta-llama/Llama-3.1-8B"], "qlora", 1024, 8, 1)
+    p = pool("H200", per_node=1)
+    bf16 = estimate(replace(w, method="lora"), Layout("single", 1, 1, 8, 1, False), p, CAL)
+    one = estimate(w, Layout("single", 1, 1, 8, 1, False), p, CAL)
+    split = estimate(w, Layout("single", 1, 1, 1, 8, False), p, CAL)
+    blocks = w.model.layers * w.model.layer_linear_params
+    per_pass = blocks * CAL.nf4_dequant_bytes_per_param / (H200.hbm_bytes_per_s * H200.memory_efficiency)
+    assert one.step_seconds - bf16.step_seconds == pytest.approx(2 * per_pass, rel=1e-6)
+    assert split.memory_bound_seconds - estimate(replace(w, method="lora"), Layout("single", 1, 1, 1, 8, False), p,
+                                                 CAL).memory_bound_seconds == pytest.approx(16 * per_pass, rel=1e-6)
+    recompute = estimate(w, Layout("single", 1, 1, 8, 1, True), p, CAL)
+    bf16_recompute = estimate(replace(w, method="lora"), Layout("single", 1, 1, 8, 1, True), p, CAL)
+    assert recompute.step_seconds - bf16_recompute.step_seconds == pytest.approx(3 * per_pass, rel=1e-6)
+    # the blocks' weights shrink from 2 bytes to ~0.52; one module at a time is dequantized for its product
+    saved = blocks * (2 - 0.52) - 2 * w.model.hidden * w.model.ffn
+    assert bf16.peak_memory_bytes - one.peak_memory_bytes == pytest.approx(saved, rel=1e-6)
+
+
+def test_qlora_plans_one_gpu_or_ddp_and_never_offloads():
+    w = Workload(CATALOG["meta-llama/Llama-3.1-70B"], "qlora", 1024, 16, 100)
+    chosen = plan(w, pool("H200", per_node=8, host_gib=2048), CAL)
+    assert chosen.strategy in ("single", "ddp") and not chosen.cpu_offload
+    assert {r.strategy for r in chosen.rejected} <= {"single", "ddp"}
+    with pytest.raises(NoPlan, match="strategy fsdp: the runtime does not shard a 4-bit"):
+        plan(w, pool("H200", per_node=8), CAL, strategy="fsdp")
 
 
 def test_a_layout_that_fits_only_offloaded_but_over_budget_is_rejected_for_the_budget():

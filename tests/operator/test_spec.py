@@ -59,7 +59,7 @@ def unknown_key_said(model, data: dict) -> str:
     ("hyperparameters", {"globalBatch": 64}, "unknown key; did you mean globalBatchSize or globalBatchTokens?"),
     ("resources", {"maxGPU": 8}, "unknown key; did you mean maxGPUs?"),
     ("method", {"lora": {"targetModule": ["q_proj"]}}, "unknown key; did you mean targetModules?"),
-    ("method", {"lora": {"rank": 8}}, "unknown key; the keys here are: r, alpha, dropout, targetModules"),
+    ("method", {"lora": {"rank": 8}}, "unknown key; the keys here are: r, alpha, dropout, targetModules, quantization"),
 ])
 def test_an_unknown_key_names_the_closest_known_ones(section, key, says):
     assert unknown_key_said(FineTuneJobSpec, {**SPEC, section: {**SPEC.get(section, {}), **key}}) == says

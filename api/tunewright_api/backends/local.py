@@ -117,11 +117,17 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
                        "hyperparameters.globalBatchSize", "invalid_value")
     per_worker = batch // workers
     micro = max(m for m in range(1, min(per_worker, MAX_CPU_MICRO_BATCH) + 1) if per_worker % m == 0)
+    # a 4-bit base where the spec asks for one; auto keeps bf16 here, where no GPU memory is to be saved
+    nf4 = spec.method.type == "lora" and spec.method.lora.quantization == "nf4"
+    if nf4 and strategy not in ("single", "ddp"):
+        raise ApiError(422, f"a 4-bit (nf4) base is not sharded: strategy {strategy} cannot hold it; use auto, single "
+                            "or ddp, or method.lora.quantization none", "resources.strategy", "invalid_value")
     why = (f"local pool: {strategy} on {workers} CPU worker{'s' if workers > 1 else ''} (Ray, gloo), micro-batch "
-           f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step")
+           f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step"
+           f"{', the base in 4-bit NF4 (QLoRA)' if nf4 else ''}")
     return JobPlan(pool=POOL, device="cpu", strategy=strategy, workers=workers, gpus=0, micro_batch=micro,
                    grad_accum=per_worker // micro, shard_group=workers if strategy == "fsdp" else 1,
-                   explanation=why)
+                   quantization="nf4" if nf4 else "none", explanation=why)
 
 
 class LocalBackend:

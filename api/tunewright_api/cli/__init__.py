@@ -61,7 +61,7 @@ def spec_from_args(args) -> dict:
         raise SystemExit(f"tunewright {args.command}: give a spec file (see examples/), or at least --model and "
                          "--train")
     flags = {("model", "source"): args.model, ("method", "type"): args.method,
-             ("method", "objective"): args.objective, ("method", "dpo", "beta"): args.beta,
+             ("method", "objective"): args.objective, ("method", "lora", "quantization"): args.quantization, ("method", "dpo", "beta"): args.beta,
              ("method", "dpo", "labelSmoothing"): args.label_smoothing, ("method", "dpo", "reference"): args.reference,
              ("dataset", "train"): args.train, ("dataset", "validation"): args.validation,
              ("dataset", "format"): args.format, ("hyperparameters", "epochs"): args.epochs,
@@ -470,6 +470,9 @@ def spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["chat", "prompt_completion", "text", "preference"],
                    help="dataset.format (default chat; preference with --objective dpo)")
     p.add_argument("--method", choices=["lora", "full"], help="method.type (default lora)")
+    p.add_argument("--quantization", choices=["none", "nf4", "auto"],
+                   help="method.lora.quantization: nf4 trains LoRA on a 4-bit base (QLoRA: a quarter of the memory, "
+                        "slower steps); auto only where bf16 would need CPU offload (default none)")
     p.add_argument("--objective", choices=["sft", "dpo"],
                    help="method.objective (default sft); dpo trains on preference pairs (--format preference)")
     p.add_argument("--beta", type=float, help="method.dpo.beta: how strongly dpo holds the model near the "

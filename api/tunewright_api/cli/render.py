@@ -63,15 +63,22 @@ def plan_cell(plan: dict | None) -> str:
 
 
 def method_cell(method: dict) -> str:
-    """lora or full, and the objective where it is not sft (the default; absent from jobs before dpo)."""
+    """lora (qlora on a 4-bit base) or full, and the objective where it is not sft (the default; absent from jobs
+    before dpo)."""
     objective = method.get("objective", "sft")
-    return method["type"] if objective == "sft" else f"{method['type']} {objective}"
+    kind = "qlora" if (method.get("lora") or {}).get("quantization") == "nf4" and method["type"] == "lora" \
+        else method["type"]
+    return kind if objective == "sft" else f"{kind} {objective}"
 
 
 def method_text(method: dict) -> str:
     """`get`'s: lora or full, the objective, and dpo's settings."""
     objective = method.get("objective", "sft")
     said = [method["type"], f"objective {objective}"]
+    quantization = (method.get("lora") or {}).get("quantization", "none")
+    if method["type"] == "lora" and quantization != "none":
+        said.append(f"base {quantization}" + (" (4-bit, QLoRA)" if quantization == "nf4" else " (nf4 where bf16 "
+                                                                                             "needs offload)"))
     if objective == "dpo":
         dpo = method.get("dpo") or {}
         said.append(f"beta {dpo.get('beta', 0.1):g}")

@@ -43,6 +43,7 @@ from tunewright_core.spec import (
     FineTuneJobSpec,
     LoraAlpha,
     LoraDropout,
+    LoraQuantization,
     LoraRank,
     LoraTargets,
     MethodType,
@@ -64,6 +65,7 @@ class LoraOptions(BaseModel):
     alpha: LoraAlpha = 32
     dropout: LoraDropout = 0.05
     target_modules: LoraTargets = Field(default_factory=lambda: ["all-linear"])
+    quantization: LoraQuantization = "none"
 
 
 class FineTuningJobCreate(BaseModel):
@@ -113,7 +115,7 @@ def to_spec(body: FineTuningJobCreate, dataset_format: str) -> FineTuneJobSpec:
     lora = body.lora or LoraOptions()
     method: dict[str, Any] = {"type": body.method_type, "objective": objective,
                               "lora": {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout,
-                                       "targetModules": lora.target_modules}}
+                                       "targetModules": lora.target_modules, "quantization": lora.quantization}}
     if isinstance(hp, OpenAIDpoHyperparameters) and hp.beta != "auto":
         method["dpo"] = {"beta": hp.beta}
     spec = {

@@ -7,8 +7,9 @@ errors on runs the model was not fitted on, widened where the plan extrapolates 
 
 The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
 run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
-than the fit's, LoRA on several GPUs (every published run is full fine-tuning), or the dpo objective (every run
-measured is sft). `basis` says which.
+than the fit's, LoRA on several GPUs (every published run is full fine-tuning), the dpo objective (every run
+measured is sft), or a 4-bit QLoRA base (its dequantization is counted, not yet measured).
+`basis` says which.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ MEASURED_ONE_GPU = "H200"
 MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
 UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds, never measured
+UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is counted, not measured
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
 
@@ -82,6 +84,9 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
     if method != "full" and gpus > 1:
         widen *= LORA_ON_SEVERAL
         reasons.append(f"{method} on several GPUs (every published run is full fine-tuning)")
+    if method == "qlora":
+        widen *= UNMEASURED_QLORA
+        reasons.append("a 4-bit base (its dequantization counted in bytes, not yet measured)")
     if objective != "sft":
         widen *= UNMEASURED_OBJECTIVE
         reasons.append(f"objective {objective} (every run measured is sft)")

@@ -15,6 +15,11 @@ the adapters off (nothing more held: its forward's activations are freed as it g
 fine-tuning a frozen bf16 copy of the weights, sharded and offloaded like the policy's states; whatever of it the
 reference's forward gathers (blocks, root) is taken to be freed when that forward ends, before the policy's peak.
 No run measured dpo: its terms are the sft model's, applied to the work it adds.
+
+QLoRA (method qlora) keeps the blocks' linear weights in NF4 and computes on a bf16 copy of one module at a time:
+bitsandbytes dequantizes a weight for each matrix product that reads it, in forward, in backward (the input's
+gradient) and in the recompute; that memory-bound work (`Calibration.nf4_dequant_bytes_per_param`, counted, not yet
+measured) is paid per micro-batch, whatever its tokens.
 """
 
 from __future__ import annotations
@@ -117,10 +122,16 @@ class Calibration:
     comm_interference: float = 0.3  # overlapped collectives still slow compute (SMs and HBM they share)
     # each rank's step time jitters; a step waits for the slowest of n: + sync_jitter x sqrt(2 ln n) of compute
     sync_jitter: float = 0.0
+    # QLoRA: HBM traffic per block weight per matrix product that dequantizes it: reads the 4-bit codes and
+    # block constants, writes bf16 (2.5 bytes, by count: no QLoRA step has been measured yet; the H200 runs of
+    # benchmarks/qlora_check.py are what will fit it)
+    nf4_dequant_bytes_per_param: float = 2.5
 
 
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
 REFERENCE_WEIGHTS = "dpo reference weights (bf16, frozen)"
+NF4_BASE = "frozen base (NF4 blocks, bf16 rest)"
+DEQUANTIZED = "dequantized module (bf16, one at a time)"
 GRADIENTS = "gradients (fp32)"
 ROOT_GATHERED = "embeddings and head, gathered (bf16)"
 ROOT_GRADIENTS = "embedding and head gradients, reducing (bf16 + fp32 copy)"
@@ -179,7 +190,7 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
         out = {"weights (fp32 master)": FP32 * psi / shard, "optimizer (AdamW m, v)": 2 * FP32 * psi / shard}
     elif w.method == "qlora":  # decoder blocks in NF4; embeddings, head and norms stay bf16
         blocks = w.model.layers * w.model.layer_linear_params
-        out = {"frozen base (NF4 blocks, bf16 rest)": (NF4 * blocks + BF16 * (psi - blocks)) / shard,
+        out = {NF4_BASE: (NF4 * blocks + BF16 * (psi - blocks)) / shard,
                "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
     else:
         out = {"frozen base (bf16)": BF16 * psi / shard, "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
@@ -217,6 +228,8 @@ def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     is kept from its forward to its backward (parallel.shard_model: nothing to free there but a copy);
     `single`'s compute copies (parallel.MasterWeights) are the same bytes."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
+    if w.method == "qlora":  # the largest matrix, dequantized for its product
+        out[DEQUANTIZED] = BF16 * w.model.hidden * max(w.model.hidden, w.model.ffn)
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
         keeps_all = (layout.shard_group == 1 or not layout.reshard_after_forward) and not layout.cpu_offload
@@ -345,7 +358,21 @@ def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     traffic = (layers + lora) * recompute_factor(layout, m.layers) + tokens * m.vocab * cal.traffic_bytes_per_vocab
     if w.objective == "dpo":
         traffic += reference_traffic_bytes(w, layout, cal)[0]
-    return traffic
+    return traffic + dequantization_bytes(w, layout, cal)
+
+
+def dequantization_passes(w: Workload, layout: Layout) -> float:
+    """Matrix products per block weight per micro-batch that dequantize it (QLoRA): forward, the input's gradient,
+    the recompute of checkpointed blocks, and dpo's reference forward."""
+    if w.method != "qlora":
+        return 0.0
+    return 2 + layout.checkpointed_share(w.model.layers) + (1 if w.objective == "dpo" else 0)
+
+
+def dequantization_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
+    """QLoRA's dequantization traffic per micro-batch (see the module's docstring)."""
+    blocks = w.model.layers * w.model.layer_linear_params
+    return dequantization_passes(w, layout) * blocks * cal.nf4_dequant_bytes_per_param
 
 
 def reference_traffic_bytes(w: Workload, layout: Layout, cal: Calibration) -> tuple[float, float]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from tunewright_core.planner.calibration import evidence as committed_evidence
-from tunewright_core.planner.estimate import Calibration, Workload
+from tunewright_core.planner.estimate import NF4_BASE, Calibration, Workload
 from tunewright_core.planner.hardware import Pool
 from tunewright_core.planner.models import ModelProfile
-from tunewright_core.planner.search import plan
+from tunewright_core.planner.search import NoPlan, plan
 from tunewright_core.spec import FineTuneJobSpec, HyperparametersSpec, JobPlan
 
 JSONL_BYTES_PER_TOKEN = 4
@@ -118,15 +119,54 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
         steps = max(1, hp.epochs * math.ceil(dataset_tokens / (batch * hp.seq_len * 2)))
     else:
         steps = max(1, hp.epochs * math.ceil(dataset_tokens / (batch * hp.seq_len)))
-    return Workload(profile, spec.method.type, hp.seq_len, batch, steps, lora_rank=spec.method.lora.r,
-                    objective=spec.method.objective)
+    quantized = spec.method.type == "lora" and spec.method.lora.quantization == "nf4"
+    return Workload(profile, "qlora" if quantized else spec.method.type, hp.seq_len, batch, steps,
+                    lora_rank=spec.method.lora.r, objective=spec.method.objective)
 
 
 def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profile: ModelProfile,
              dataset_tokens: int | None = None) -> JobPlan:
+    """The plan by the spec's objective (a budget, a deadline, else the cheapest). With
+    method.lora.quantization auto, a bf16 base unless it fits only with CPU offload (or not at all) and a 4-bit
+    base fits without: QLoRA's quality cost is paid only where it saves the offload."""
     res = spec.resources
     objective = ("fastest-within-budget" if res.budget_usd is not None
                  else "cheapest-within-deadline" if res.deadline_seconds is not None else "cheapest")
-    return plan(workload(spec, profile, dataset_tokens), pool, calibration, objective=objective,
-                strategy=res.strategy, max_gpus=res.max_gpus, budget_usd=res.budget_usd,
-                deadline_seconds=res.deadline_seconds, evidence=committed_evidence())
+    w = workload(spec, profile, dataset_tokens)
+
+    def planned(w: Workload) -> JobPlan:
+        made = plan(w, pool, calibration, objective=objective, strategy=res.strategy, max_gpus=res.max_gpus,
+                    budget_usd=res.budget_usd, deadline_seconds=res.deadline_seconds, evidence=committed_evidence())
+        return made.model_copy(update={"quantization": "nf4"}) if w.method == "qlora" else made
+
+    if spec.method.type != "lora" or spec.method.lora.quantization != "auto":
+        return planned(w)
+    try:
+        bf16 = planned(w)
+    except NoPlan as err:
+        bf16, refused = None, str(err)
+    if bf16 is not None and not bf16.cpu_offload:
+        return bf16
+    try:
+        nf4 = planned(replace(w, method="qlora"))
+    except NoPlan as err:
+        if bf16 is None:
+            raise NoPlan(f"{refused}; with a 4-bit (nf4) base: {err}") from None
+        return bf16.model_copy(update={"explanation": f"{bf16.explanation} quantization auto: kept the bf16 base, as "
+                                                      f"a 4-bit one fits no better: {err}"})
+    return nf4.model_copy(update={"explanation": f"{nf4.explanation} {quantization_trade(bf16, nf4)}"})
+
+
+def quantization_trade(bf16: JobPlan | None, nf4: JobPlan) -> str:
+    """Why auto chose the 4-bit base: what the bf16 one would need, against what NF4 costs."""
+    step = nf4.predicted.step_seconds if nf4.predicted else 0.0
+    if bf16 is None or bf16.predicted is None:
+        instead = "a bf16 base fits no layout allowed, even with CPU offload"
+    else:
+        instead = (f"a bf16 base fits only with CPU offload ({bf16.gpus} GPU{'s' if bf16.gpus != 1 else ''}, "
+                   f"step {bf16.predicted.step_seconds:.2f} s, {bf16.predicted.host_memory_gib_per_node:.0f} GiB of "
+                   f"host memory per node, ${bf16.predicted.cost_usd:,.2f})")
+    return (f"quantization auto chose nf4 (QLoRA): {instead}; the 4-bit base takes "
+            f"{nf4.predicted.memory_breakdown_gib.get(NF4_BASE, 0.0) if nf4.predicted else 0.0:.1f} GiB and a "
+            f"{step:.2f} s step, its weights dequantized in every pass, and costs a little quality: the adapters "
+            "learn on weights rounded to 4 bits (set method.lora.quantization none to keep bf16).")

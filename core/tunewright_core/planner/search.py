@@ -44,6 +44,8 @@ COMM_BOUND = 0.5  # exposed communication share above which a layout is called c
 NEAR_TIE = 0.01
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 OBJECTIVES = ("cheapest", "fastest", "fastest-within-budget", "cheapest-within-deadline")
+# a 4-bit base stays whole on each GPU: the runtime keeps it out of FSDP, and does not offload it
+QLORA_STRATEGIES = ("single", "ddp")
 
 
 class NoPlan(ValueError):
@@ -94,7 +96,7 @@ def layouts(w: Workload, pool: Pool, strategies: tuple[str, ...], max_gpus: int)
                     if per_rank % micro:
                         continue
                     for checkpointing, every in ((False, 1), (True, 1), (True, 2)):
-                        for offload in (False, True):
+                        for offload in (False,) if w.method == "qlora" else (False, True):
                             for reshard in (True, False) if strategy in ("fsdp", "hsdp") and not offload else (True,):
                                 yield Layout(strategy, gpus, nodes, micro, per_rank // micro, checkpointing, shard,
                                              offload, every, reshard)
@@ -195,10 +197,11 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
         raise ValueError(f"strategy: must be auto or one of {', '.join(STRATEGIES)}, got {strategy!r}")
     limit = max_gpus or pool.max_gpus
     if w.method == "qlora":
-        single = estimate(w, Layout("single", 1, 1, 1, w.global_batch, True), pool, cal)
-        raise NoPlan(f"method qlora: the runtime does not train 4-bit bases yet (the memory model alone puts "
-                     f"{single.peak_memory_bytes / GIB:.0f} GiB on one {pool.gpu.name} at micro-batch 1 with "
-                     f"checkpointing); use lora")
+        if strategy not in ("auto", *QLORA_STRATEGIES):
+            raise NoPlan(f"strategy {strategy}: the runtime does not shard a 4-bit (nf4) base; it trains it on one "
+                         "GPU (single) or a whole copy on each (ddp): set resources.strategy auto, single or ddp, "
+                         "or method.lora.quantization none")
+        strategies = tuple(s for s in strategies if s in QLORA_STRATEGIES)
 
     best_per_strategy: dict[str, Candidate] = {}  # on the objective's measure alone
     eligible: dict[str, list[Candidate]] = {}  # fit, and meet the budget or deadline: for near ties
