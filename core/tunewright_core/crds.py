@@ -39,6 +39,11 @@ CEL_RULES: dict[tuple[str, ...], list[dict]] = {
         {"rule": f"!({_PAIRS}) || ({_DPO})",
          "message": "method.objective: dataset.format preference holds preference pairs, which only objective dpo "
                     "trains on: set method.objective to dpo"},
+        {"rule": "!(has(self.hyperparameters) && has(self.hyperparameters.optimizerState) && "
+                 "self.hyperparameters.optimizerState == 'bf16') || "
+                 "(has(self.method) && has(self.method.type) && self.method.type == 'full')",
+         "message": "hyperparameters.optimizerState: bf16 is for full fine-tuning: set method.type to full, or "
+                    "optimizerState to fp32 or auto"},
     ],
     ("method",): [  # MethodSpec._quantized_base_is_lora
         {"rule": "!(has(self.type) && self.type == 'full' && has(self.lora) && has(self.lora.quantization) && "

@@ -19,7 +19,7 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
     The objective and its settings are written for dpo only: sft is the runtime's default, so the config of an
     sft job is what it always was."""
     hp, method = spec.hyperparameters, spec.method
-    hyperparameters = {
+    hyperparameters: dict[str, float | str] = {
         "learning_rate": hp.learning_rate, "seq_len": hp.seq_len, "warmup_ratio": hp.warmup_ratio,
         "weight_decay": hp.weight_decay, "seed": hp.seed,
         # the plan fixes the global batch; a batch given in the spec was an input to choosing it
@@ -28,6 +28,8 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
     }
     if hp.max_steps is not None:
         hyperparameters["max_steps"] = hp.max_steps
+    if plan.optimizer_state != "fp32":  # auto resolved by the plan; an fp32 job's config is what it always was
+        hyperparameters["optimizer_state"] = plan.optimizer_state
     strategy = {"type": plan.strategy, "num_workers": plan.workers, "use_gpu": plan.device == "gpu",
                 "micro_batch_size": plan.micro_batch, "grad_accum": plan.grad_accum,
                 "activation_checkpointing": plan.activation_checkpointing,

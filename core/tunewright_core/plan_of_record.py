@@ -23,7 +23,8 @@ MAX_PLAN_CHARACTERS = 65536  # a plan with its rejected options is a few kB; ann
 def spec_hash(spec: FineTuneJobSpec) -> str:
     """What a run is made from: everything in the spec but `suspend` (which may change while it runs). An sft
     spec's hash leaves out the fields dpo added (method.objective, method.dpo), and at their defaults those QLoRA
-    added (method.lora.quantization, checkpoint.exportMerged), so that it is what it was before them: a job that ran then is not taken
+    added and the lighter optimizer state's (method.lora.quantization, checkpoint.exportMerged,
+    hyperparameters.optimizerState), so that it is what it was before them: a job that ran then is not taken
     for a changed one (nor its plan of record for another spec's)."""
     exclude: dict = {"suspend": True}
     method: dict = {}
@@ -35,6 +36,8 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
         exclude["method"] = method
     if not spec.checkpoint.export_merged:
         exclude["checkpoint"] = {"export_merged": True}
+    if spec.hyperparameters.optimizer_state == "fp32":
+        exclude["hyperparameters"] = {"optimizer_state": True}
     return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude=exclude).encode()).hexdigest()
 
 
@@ -73,8 +76,8 @@ def adopted_plan(annotation: str | None, spec: FineTuneJobSpec, pool_name: str, 
 
 def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> bool:
     """Whether the planner could have made `plan` for `spec` on `pool`: one worker a GPU, whole nodes of the
-    pool, no more GPUs than the spec allows, its strategy where it forces one, the base's quantization where it
-    sets one, host memory within a node's."""
+    pool, no more GPUs than the spec allows, its strategy where it forces one, the base's quantization and the
+    optimizer state where it sets them, host memory within a node's."""
     resources = spec.resources
     host = plan.predicted.host_memory_gib_per_node if plan.predicted else 0.0
     return (plan.pool == pool_name and plan.device == "gpu" and plan.workers == plan.gpus >= 1
@@ -83,6 +86,7 @@ def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GP
             and (resources.max_gpus is None or plan.gpus <= resources.max_gpus)
             and resources.strategy in ("auto", plan.strategy)
             and plan.quantization in allowed_quantizations(spec)
+            and plan.optimizer_state in allowed_optimizer_states(spec)
             and plan.shard_group >= 1 and plan.gpus % plan.shard_group == 0
             and host <= planner_pool(pool_name, pool).host_memory_per_node_gib)
 
@@ -91,3 +95,9 @@ def allowed_quantizations(spec: FineTuneJobSpec) -> tuple[str, ...]:
     """The LoRA base quantizations a plan for `spec` may load: the one it asks for, either for auto."""
     asked = spec.method.lora.quantization if spec.method.type == "lora" else "none"
     return ("none", "nf4") if asked == "auto" else (asked,)
+
+
+def allowed_optimizer_states(spec: FineTuneJobSpec) -> tuple[str, ...]:
+    """The optimizer states a plan for `spec` may hold: the one it asks for, either for auto (full only)."""
+    asked = spec.hyperparameters.optimizer_state if spec.method.type == "full" else "fp32"
+    return ("fp32", "bf16") if asked == "auto" else (asked,)

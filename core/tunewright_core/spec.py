@@ -27,6 +27,7 @@ STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MethodType = Literal["lora", "full"]
 Objective = Literal["sft", "dpo"]
 BaseQuantization = Literal["none", "nf4"]  # how a plan loads a LoRA base
+StateDtype = Literal["fp32", "bf16"]  # how a plan holds full fine-tuning's weights and AdamW moments
 DatasetFormat = Literal["chat", "prompt_completion", "text", "preference"]
 # the dataset format each objective trains on: dpo on preference pairs, sft on any other
 PREFERENCE_FORMAT = "preference"
@@ -193,6 +194,12 @@ class HyperparametersSpec(CamelModel):
     weight_decay: Annotated[float, Field(ge=0, le=1)] = Field(default=0.0, description="AdamW weight decay.")
     seed: Annotated[int, Field(ge=0, le=2**32 - 1)] = Field(default=42, description="Data order and initialization "
                                                                                     "seed.")
+    optimizer_state: Literal["fp32", "bf16", "auto"] = Field(
+        default="fp32", description="Full fine-tuning's weights and AdamW moments. fp32: master weights (16 bytes "
+                                    "a parameter with its gradient). bf16: the weights and moments in bf16, each "
+                                    "update rounded stochastically (8 bytes: an 8B model on one 141 GB GPU without "
+                                    "offload), at a small quality cost. auto: bf16 only where fp32 fits no GPU "
+                                    "count allowed without CPU offload. LoRA's adapters stay fp32.")
 
     @model_validator(mode="after")
     def _one_batch_unit(self) -> HyperparametersSpec:
@@ -285,6 +292,13 @@ class FineTuneJobSpec(CamelModel):
                              f"objective dpo trains on: set method.objective to dpo (not {self.method.objective})")
         return self
 
+    @model_validator(mode="after")
+    def _bf16_state_is_for_full(self) -> FineTuneJobSpec:
+        if self.hyperparameters.optimizer_state == "bf16" and self.method.type != "full":
+            raise ValueError("hyperparameters.optimizerState: bf16 is for full fine-tuning (LoRA's adapters are "
+                             "small and train in fp32): set method.type to full, or optimizerState to fp32 or auto")
+        return self
+
 
 # --- the plan ----------------------------------------------------------------------------------------
 
@@ -361,6 +375,9 @@ class JobPlan(CamelModel):
     quantization: BaseQuantization = Field(
         default="none", description="How the frozen LoRA base is loaded: nf4 (4-bit, QLoRA) or none (bf16), as "
                                     "method.lora.quantization asks or, for auto, as the planner chose.")
+    optimizer_state: StateDtype = Field(
+        default="fp32", description="How full fine-tuning holds its weights and AdamW moments: fp32 masters or bf16, "
+                                    "as hyperparameters.optimizerState asks or, for auto, as the planner chose.")
     predicted: Predicted | None = Field(default=None, description="Absent where nothing is modelled (CPU).")
     link_bus_bytes_per_s: float | None = Field(
         default=None, description="The bus bandwidth the plan's collectives were predicted at on the link that "

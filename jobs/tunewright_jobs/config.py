@@ -140,6 +140,12 @@ class Hyperparameters(_Strict):
     )
     seq_len: PositiveInt = 2048
     seed: int = 42
+    optimizer_state: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="Full fine-tuning's weights and AdamW moments: fp32 (master weights, computing on bf16 copies) "
+                    "or bf16 (the model itself in bf16, each update rounded stochastically: 8 bytes a parameter "
+                    "instead of 16; bf16_adamw.py).",
+    )
 
     @model_validator(mode="after")
     def _one_batch_unit(self) -> Hyperparameters:
@@ -296,7 +302,18 @@ class JobConfig(_Strict):
             raise ValueError("eval.exact_match: needs dataset.validation")
         self._objective_fits_the_data()
         self._quantized_base_fits_the_layout()
+        self._light_state_is_for_full_in_bf16()
         return self
+
+    def _light_state_is_for_full_in_bf16(self) -> None:
+        if self.hyperparameters.optimizer_state == "fp32":
+            return
+        if self.method.type != "full":
+            raise ValueError("hyperparameters.optimizer_state: bf16 is for full fine-tuning (LoRA's adapters are "
+                             "small and train in fp32): set method.type: full, or optimizer_state: fp32")
+        if self.strategy.precision == "fp32":
+            raise ValueError("strategy.precision: bf16 weights compute in bf16, not fp32: set precision: auto or "
+                             "bf16, or hyperparameters.optimizer_state: fp32")
 
     def _quantized_base_fits_the_layout(self) -> None:
         if self.method.lora.quantization == "none":

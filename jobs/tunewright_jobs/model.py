@@ -27,9 +27,10 @@ def load_tokenizer(cfg: JobConfig):
 
 
 def weights_dtype(cfg: JobConfig) -> torch.dtype:
-    """Frozen (LoRA base) weights: bf16 on GPU. Trained weights stay fp32 (mixed precision master copy)."""
+    """Frozen (LoRA base) weights: bf16 on GPU. Trained weights stay fp32 (mixed precision master copy), unless
+    the optimizer holds them in bf16 (`optimizer_state: bf16`)."""
     if cfg.method.type == "full":
-        return torch.float32
+        return torch.bfloat16 if cfg.hyperparameters.optimizer_state == "bf16" else torch.float32
     if cfg.model.dtype == "auto":
         return torch.bfloat16 if cfg.strategy.use_gpu else torch.float32
     return getattr(torch, cfg.model.dtype)

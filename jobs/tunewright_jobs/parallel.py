@@ -83,7 +83,11 @@ def init_dist(cfg: JobConfig, device: torch.device | None = None) -> Dist:
 
 
 def compute_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
+    """bf16 on a GPU, fp32 on the CPU, unless `strategy.precision` says; bf16 wherever the weights are (a full
+    fine-tune with `optimizer_state: bf16` has no other copy to compute on)."""
     precision = cfg.strategy.precision
+    if cfg.hyperparameters.optimizer_state == "bf16":
+        return torch.bfloat16
     if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return torch.bfloat16 if precision == "bf16" else torch.float32

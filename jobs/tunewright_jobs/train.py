@@ -30,6 +30,7 @@ from tunewright_core.records import (
     StepRecord,
 )
 from tunewright_jobs import checkpoint as ckpt
+from tunewright_jobs.bf16_adamw import Bf16AdamW
 from tunewright_jobs.checkpoint import CheckpointStore
 from tunewright_jobs.components import SLOW_RANK_ENV as SLOW_RANK_ENV  # where tests and benchmarks import it
 from tunewright_jobs.components import step_components
@@ -97,6 +98,8 @@ def build_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.o
         (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on biases and norms
     groups = [{"params": decay, "weight_decay": cfg.hyperparameters.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.hyperparameters.optimizer_state == "bf16":  # bf16 weights and moments, rounded stochastically
+        return Bf16AdamW(groups, lr=cfg.hyperparameters.learning_rate, betas=(0.9, 0.999))
     # One fused kernel per parameter group, which also clips (`clip_gradients`). Offloaded parameters (on the
     # host while the job's device is a GPU) take the foreach implementation.
     fused = not cfg.strategy.cpu_offload

@@ -1,5 +1,5 @@
 """QLoRA through the API: method.lora.quantization on the native spec, on the OpenAI-compatible route's `lora` and
-on the CLI; a plan on a GPU pool that chooses a 4-bit base over CPU offload and says why; and, slow, the local
+on the CLI (beside it, full fine-tuning's --optimizer-state); a plan on a GPU pool that chooses a 4-bit base over CPU offload and says why; and, slow, the local
 QLoRA example trained through the CLI, downloaded, and loaded with PEFT onto a 4-bit base."""
 
 from argparse import Namespace
@@ -63,6 +63,9 @@ def flags(*argv) -> Namespace:
 def test_cli_flags_and_listing_say_the_base():
     spec = spec_from_args(flags("--model", "org/m", "--train", "t.jsonl", "--quantization", "nf4"))
     assert spec["method"] == {"lora": {"quantization": "nf4"}}
+    spec = spec_from_args(flags("--model", "org/m", "--train", "t.jsonl", "--method", "full", "--optimizer-state",
+                                "auto"))
+    assert spec["method"] == {"type": "full"} and spec["hyperparameters"] == {"optimizerState": "auto"}
     nf4 = {"type": "lora", "lora": {"quantization": "nf4"}}
     assert render.method_cell(nf4) == "qlora" and render.method_cell({**nf4, "objective": "dpo"}) == "qlora dpo"
     assert render.method_cell({"type": "lora", "lora": {"quantization": "auto"}}) == "lora"

@@ -83,8 +83,9 @@ def test_the_crd_says_the_rule_and_describes_the_fields():
     (crd,) = [c for c in crds().values() if c["spec"]["names"]["kind"] == "FineTuneJob"]
     root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     spec = root["properties"]["spec"]
-    rules = spec["x-kubernetes-validations"]
-    assert rules == CEL_RULES[()] and len(rules) == 2
+    assert spec["x-kubernetes-validations"] == CEL_RULES[()]
+    rules = dpo_rules()
+    assert len(rules) == 2
     assert [r["message"].split(":")[0] for r in rules] == ["dataset.format", "method.objective"]
     assert "x-kubernetes-validations" not in root["properties"]["status"]  # the spec's rules, not the status's
     method = spec["properties"]["method"]["properties"]
@@ -114,7 +115,12 @@ def test_the_cel_rules_decide_as_the_model_does():
             FineTuneJobSpec.model_validate(spec)
         except ValidationError:
             model_accepts = False
-        assert all(holds(r["rule"], spec) for r in CEL_RULES[()]) == model_accepts, (objective, fmt)
+        assert all(holds(r["rule"], spec) for r in dpo_rules()) == model_accepts, (objective, fmt)
+
+
+def dpo_rules() -> list[dict]:
+    """The root rules that tie the objective to the format (the others span other fields)."""
+    return [r for r in CEL_RULES[()] if CEL_DPO in r["rule"]]
 
 
 CEL_DPO = "has(self.method) && has(self.method.objective) && self.method.objective == 'dpo'"

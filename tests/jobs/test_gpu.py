@@ -65,6 +65,16 @@ def test_qlora_on_one_gpu_learns_and_its_merged_bf16_export_computes_what_the_ad
     assert (got - want).abs().max() < 0.1 * want.std()
 
 
+def test_full_with_bf16_state_learns_as_fp32_masters_do(tiny_models, tmp_path, single_gpu_full):
+    """`optimizer_state: bf16` on CUDA: bf16 weights and moments, stochastic rounding on the GPU's generator."""
+    reference, _ = single_gpu_full
+    cfg = cuda_config(tiny_models, tmp_path, method={"type": "full"},
+                      hyperparameters={"max_steps": 20, "learning_rate": 2e-3, "optimizer_state": "bf16"})
+    result = train_without_ray(cfg)
+    assert metrics(cfg)[0].loss == pytest.approx(metrics(reference)[0].loss, rel=1e-2)  # bf16 compute either way
+    assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
+
+
 def test_full_on_one_gpu(single_gpu_full):
     _, result = single_gpu_full
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]

@@ -67,6 +67,7 @@ def spec_from_args(args) -> dict:
              ("dataset", "format"): args.format, ("hyperparameters", "epochs"): args.epochs,
              ("hyperparameters", "maxSteps"): args.max_steps, ("hyperparameters", "learningRate"): args.learning_rate,
              ("hyperparameters", "globalBatchSize"): args.batch_size, ("hyperparameters", "seqLen"): args.seq_len,
+             ("hyperparameters", "optimizerState"): args.optimizer_state,
              ("resources", "strategy"): args.strategy}
     for (*sections, key), value in flags.items():
         if value is not None:
@@ -485,6 +486,9 @@ def spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learning-rate", type=float, help="hyperparameters.learningRate")
     p.add_argument("--batch-size", type=int, help="hyperparameters.globalBatchSize (sequences per optimizer step)")
     p.add_argument("--seq-len", type=int, help="hyperparameters.seqLen (tokens per packed sequence)")
+    p.add_argument("--optimizer-state", choices=["fp32", "bf16", "auto"],
+                   help="hyperparameters.optimizerState, full fine-tuning: bf16 weights and moments (half the memory, "
+                        "a little quality); auto only where fp32 would need CPU offload (default fp32)")
     p.add_argument("--strategy", choices=["auto", "single", "ddp", "fsdp", "hsdp"],
                    help="resources.strategy (default auto: the planner picks)")
 

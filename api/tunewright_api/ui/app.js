@@ -77,7 +77,9 @@ function methodOf(job) {
   // a 4-bit base as the plan loads it (auto resolved), else as the spec asks
   const quantization = (job.plan && job.plan.quantization) || (method.lora && method.lora.quantization);
   const lora = quantization === "nf4" ? "QLoRA (4-bit NF4 base)" : "LoRA";
-  const weights = method.type === "lora" ? `${lora} r${(method.lora && method.lora.r) || 16}` : method.type || dash;
+  const light = job.plan && job.plan.optimizerState === "bf16" ? " (bf16 weights and moments)" : "";
+  const weights = method.type === "lora" ? `${lora} r${(method.lora && method.lora.r) || 16}`
+    : method.type ? `${method.type}${light}` : dash;
   // the objective beside it where it is not the default (sft): DPO and its beta
   return method.objective === "dpo" ? `${weights} · DPO β ${(method.dpo && method.dpo.beta) ?? 0.1}` : weights;
 }

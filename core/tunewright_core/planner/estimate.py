@@ -20,6 +20,10 @@ QLoRA (method qlora) keeps the blocks' linear weights in NF4 and computes on a b
 bitsandbytes dequantizes a weight for each matrix product that reads it, in forward, in backward (the input's
 gradient) and in the recompute; that memory-bound work (`Calibration.nf4_dequant_bytes_per_param`, counted, not yet
 measured) is paid per micro-batch, whatever its tokens.
+
+Full fine-tuning with `optimizer_state` bf16 (jobs' bf16_adamw.py) holds the weights and both moments in bf16 and
+the gradients in bf16: 8 bytes a parameter instead of 16, and on `single` no compute copy (the model is bf16
+already). Its optimizer step is unfused torch: `BF16_STATE_ADAMW_BYTES_PER_PARAM`, counted, not measured.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ from tunewright_core.planner.hardware import GPU, Link, Pool
 from tunewright_core.planner.models import ModelProfile
 
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
+# bf16_adamw's step in eager torch, by count of its kernels' reads and writes per element: widening the gradient,
+# moments and weights to fp32 (6 each), the moments' and the update's arithmetic (74), three stochastic roundings
+# (34 each: random bits, add, mask, narrowing)
+BF16_STATE_ADAMW_BYTES_PER_PARAM = 214
 BF16, FP32 = 2, 4
 NF4 = 0.52  # QLoRA's 4-bit base with double-quantized block constants (QLoRA paper), per block weight
 
@@ -45,6 +53,16 @@ class Workload:
     steps: int
     lora_rank: int = 16
     objective: str = "sft"  # sft | dpo
+    optimizer_state: str = "fp32"  # fp32 | bf16 (full fine-tuning: bf16 weights and moments, no fp32 master)
+
+    @property
+    def bf16_state(self) -> bool:
+        return self.method == "full" and self.optimizer_state == "bf16"
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Per trainable parameter: fp32 gradients on fp32 masters, bf16 on bf16 weights."""
+        return BF16 if self.bf16_state else FP32
 
     @property
     def sequences_per_example(self) -> int:
@@ -132,7 +150,8 @@ START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
 REFERENCE_WEIGHTS = "dpo reference weights (bf16, frozen)"
 NF4_BASE = "frozen base (NF4 blocks, bf16 rest)"
 DEQUANTIZED = "dequantized module (bf16, one at a time)"
-GRADIENTS = "gradients (fp32)"
+GRADIENTS = "gradients (fp32; bf16 on bf16 weights)"
+ACCUMULATED_GRADIENTS = "accumulated gradients (fp32; bf16 on bf16 weights)"
 ROOT_GATHERED = "embeddings and head, gathered (bf16)"
 ROOT_GRADIENTS = "embedding and head gradients, reducing (bf16 + fp32 copy)"
 LOSS_GRADIENTS = "loss's head and hidden-state gradients (bf16)"
@@ -186,7 +205,9 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
     gradients accumulated across micro-batches stay alive through a forward, so they are states here.
     """
     psi, trainable, shard = w.model.params, w.trainable_params, layout.shard_group
-    if w.method == "full":
+    if w.bf16_state:
+        out = {"weights (bf16)": BF16 * psi / shard, "optimizer (AdamW m, v, bf16)": 2 * BF16 * psi / shard}
+    elif w.method == "full":
         out = {"weights (fp32 master)": FP32 * psi / shard, "optimizer (AdamW m, v)": 2 * FP32 * psi / shard}
     elif w.method == "qlora":  # decoder blocks in NF4; embeddings, head and norms stay bf16
         blocks = w.model.layers * w.model.layer_linear_params
@@ -197,14 +218,17 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
     if w.reference_copy:  # frozen: no gradients, no optimizer states; sharded like the policy
         out[REFERENCE_WEIGHTS] = BF16 * psi / shard
     if layout.grad_accum > 1:
-        out["accumulated gradients (fp32)"] = FP32 * trainable / shard
+        out[ACCUMULATED_GRADIENTS] = w.gradient_bytes * trainable / shard
     return out
 
 
 def gathers_weights(w: Workload, layout: Layout) -> bool:
     """Whether the weights are computed on bf16 copies of them: always for full fine-tuning (fp32 masters);
     for a frozen LoRA base only when FSDP shards or offloads it (jobs' parallel.one_gpu_shards keeps a bf16
-    base on one-GPU shards out of FSDP, as plain tensors, and `single` computes on it in place)."""
+    base on one-GPU shards out of FSDP, as plain tensors, and `single` computes on it in place). bf16 weights
+    (`optimizer_state` bf16) are computed on in place by `single`, as a frozen base is."""
+    if w.bf16_state and layout.strategy == "single" and not layout.cpu_offload:
+        return False
     return w.method == "full" or layout.shard_group > 1 or layout.cpu_offload
 
 
@@ -214,8 +238,8 @@ def host_state_bytes(w: Workload, layout: Layout) -> float:
     if not layout.cpu_offload:
         return 0.0
     states = sharded_states(w, layout)
-    if "accumulated gradients (fp32)" not in states:
-        states["gradients (fp32)"] = FP32 * w.trainable_params / layout.shard_group
+    if ACCUMULATED_GRADIENTS not in states:
+        states[GRADIENTS] = w.gradient_bytes * w.trainable_params / layout.shard_group
     return sum(states.values())
 
 
@@ -234,7 +258,7 @@ def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
         block = w.model.layer_linear_params
         keeps_all = (layout.shard_group == 1 or not layout.reshard_after_forward) and not layout.cpu_offload
         held = w.model.layers if keeps_all else 2
-        out["unsharded blocks"] = held * BF16 * block + (FP32 * block if w.method == "full" else 0)
+        out["unsharded blocks"] = held * BF16 * block + (w.gradient_bytes * block if w.method == "full" else 0)
         out[ROOT_GATHERED] = BF16 * w.model.params_outside_blocks
     return out
 
@@ -249,7 +273,7 @@ def end_of_backward_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     master's as backward makes it (no reduce-scatter input) and frees each compute copy there."""
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if not layout.cpu_offload and layout.grad_accum == 1:  # accumulated ones are states already
-        out[GRADIENTS] = FP32 * w.trainable_params / layout.shard_group
+        out[GRADIENTS] = w.gradient_bytes * w.trainable_params / layout.shard_group
     if w.method == "full":  # a LoRA base's embeddings and head are frozen: no gradients
         out[ROOT_GRADIENTS] = (BF16 + FP32) * w.model.params_outside_blocks
     return out
@@ -459,8 +483,9 @@ def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
     reference weights (bf16) copied in for its forward."""
     if not layout.cpu_offload:
         return 0.0
-    weight_bytes = (FP32 if w.method == "full" else BF16) * w.model.params + FP32 * w.trainable_params
-    per_micro = (2 * weight_bytes + FP32 * w.trainable_params) / layout.shard_group
+    stored = FP32 if w.method == "full" and not w.bf16_state else BF16
+    weight_bytes = stored * w.model.params + w.gradient_bytes * w.trainable_params
+    per_micro = (2 * weight_bytes + w.gradient_bytes * w.trainable_params) / layout.shard_group
     if w.objective == "dpo":
         per_micro += BF16 * w.model.params / layout.shard_group
     return layout.grad_accum * per_micro / gpu.host_bytes_per_s
@@ -479,7 +504,8 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
     if layout.cpu_offload:  # the ranks of a node share its cores and memory bandwidth
         opt = local_trainable * (layout.gpus // layout.nodes) * cal.cpu_adam_seconds_per_param
     else:
-        opt = ADAMW_BYTES_PER_PARAM * local_trainable / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
+        per_param = BF16_STATE_ADAMW_BYTES_PER_PARAM if w.bf16_state else ADAMW_BYTES_PER_PARAM
+        opt = per_param * local_trainable / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
     compute = mm + mb
     shard, replica = groups(layout, pool)
     comm = step_comm(w.model.layers, micro, unit_compute(w, layout, cal, gpu), unit_bytes(w), shard, replica, pool,

@@ -120,53 +120,77 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
     else:
         steps = max(1, hp.epochs * math.ceil(dataset_tokens / (batch * hp.seq_len)))
     quantized = spec.method.type == "lora" and spec.method.lora.quantization == "nf4"
+    light = spec.method.type == "full" and hp.optimizer_state == "bf16"
     return Workload(profile, "qlora" if quantized else spec.method.type, hp.seq_len, batch, steps,
-                    lora_rank=spec.method.lora.r, objective=spec.method.objective)
+                    lora_rank=spec.method.lora.r, objective=spec.method.objective,
+                    optimizer_state="bf16" if light else "fp32")
+
+
+def lighter(spec: FineTuneJobSpec, w: Workload) -> Workload | None:
+    """The lighter workload an `auto` setting allows (a 4-bit LoRA base; bf16 weights and moments for full
+    fine-tuning), or None where the spec allows none."""
+    if spec.method.type == "lora" and spec.method.lora.quantization == "auto":
+        return replace(w, method="qlora")
+    if spec.method.type == "full" and spec.hyperparameters.optimizer_state == "auto":
+        return replace(w, optimizer_state="bf16")
+    return None
 
 
 def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profile: ModelProfile,
              dataset_tokens: int | None = None) -> JobPlan:
-    """The plan by the spec's objective (a budget, a deadline, else the cheapest). With
-    method.lora.quantization auto, a bf16 base unless it fits only with CPU offload (or not at all) and a 4-bit
-    base fits without: QLoRA's quality cost is paid only where it saves the offload."""
+    """The plan by the spec's objective (a budget, a deadline, else the cheapest). Where an `auto` setting allows
+    a lighter workload (method.lora.quantization, hyperparameters.optimizerState), the usual one unless its plan
+    needs CPU offload (or none fits) and the lighter one fits without: its quality cost is paid only where it
+    saves the offload, and the explanation says what it trades."""
     res = spec.resources
     objective = ("fastest-within-budget" if res.budget_usd is not None
                  else "cheapest-within-deadline" if res.deadline_seconds is not None else "cheapest")
-    w = workload(spec, profile, dataset_tokens)
 
     def planned(w: Workload) -> JobPlan:
         made = plan(w, pool, calibration, objective=objective, strategy=res.strategy, max_gpus=res.max_gpus,
                     budget_usd=res.budget_usd, deadline_seconds=res.deadline_seconds, evidence=committed_evidence())
-        return made.model_copy(update={"quantization": "nf4"}) if w.method == "qlora" else made
+        return made.model_copy(update={"quantization": "nf4" if w.method == "qlora" else "none",
+                                       "optimizer_state": w.optimizer_state})
 
-    if spec.method.type != "lora" or spec.method.lora.quantization != "auto":
+    w = workload(spec, profile, dataset_tokens)
+    light = lighter(spec, w)
+    if light is None:
         return planned(w)
+    usual, refused = None, ""
     try:
-        bf16 = planned(w)
+        usual = planned(w)
     except NoPlan as err:
-        bf16, refused = None, str(err)
-    if bf16 is not None and not bf16.cpu_offload:
-        return bf16
+        refused = str(err)
+    if usual is not None and not usual.cpu_offload:
+        return usual
+    what = "a 4-bit (nf4) base" if light.method == "qlora" else "bf16 weights and moments"
     try:
-        nf4 = planned(replace(w, method="qlora"))
+        lighter_plan = planned(light)
     except NoPlan as err:
-        if bf16 is None:
-            raise NoPlan(f"{refused}; with a 4-bit (nf4) base: {err}") from None
-        return bf16.model_copy(update={"explanation": f"{bf16.explanation} quantization auto: kept the bf16 base, as "
-                                                      f"a 4-bit one fits no better: {err}"})
-    return nf4.model_copy(update={"explanation": f"{nf4.explanation} {quantization_trade(bf16, nf4)}"})
+        if usual is None:
+            raise NoPlan(f"{refused}; with {what}: {err}") from None
+        return usual.model_copy(update={"explanation": f"{usual.explanation} auto kept the usual precision, as "
+                                                       f"{what} fits no better: {err}"})
+    return lighter_plan.model_copy(update={"explanation": f"{lighter_plan.explanation} {trade(usual, lighter_plan)}"})
 
 
-def quantization_trade(bf16: JobPlan | None, nf4: JobPlan) -> str:
-    """Why auto chose the 4-bit base: what the bf16 one would need, against what NF4 costs."""
-    step = nf4.predicted.step_seconds if nf4.predicted else 0.0
-    if bf16 is None or bf16.predicted is None:
-        instead = "a bf16 base fits no layout allowed, even with CPU offload"
+def trade(usual: JobPlan | None, light: JobPlan) -> str:
+    """Why auto chose the lighter workload: what the usual one would need, against what the lighter costs."""
+    assert light.predicted is not None, "planned on a GPU pool"
+    nf4 = light.quantization == "nf4"
+    precision = "a bf16 base fits" if nf4 else "fp32 master weights fit"
+    if usual is None or usual.predicted is None:
+        instead = f"{precision} no layout allowed, even with CPU offload"
     else:
-        instead = (f"a bf16 base fits only with CPU offload ({bf16.gpus} GPU{'s' if bf16.gpus != 1 else ''}, "
-                   f"step {bf16.predicted.step_seconds:.2f} s, {bf16.predicted.host_memory_gib_per_node:.0f} GiB of "
-                   f"host memory per node, ${bf16.predicted.cost_usd:,.2f})")
-    return (f"quantization auto chose nf4 (QLoRA): {instead}; the 4-bit base takes "
-            f"{nf4.predicted.memory_breakdown_gib.get(NF4_BASE, 0.0) if nf4.predicted else 0.0:.1f} GiB and a "
-            f"{step:.2f} s step, its weights dequantized in every pass, and costs a little quality: the adapters "
-            "learn on weights rounded to 4 bits (set method.lora.quantization none to keep bf16).")
+        instead = (f"{precision} only with CPU offload ({usual.gpus} GPU{'s' if usual.gpus != 1 else ''}, "
+                   f"step {usual.predicted.step_seconds:.2f} s, {usual.predicted.host_memory_gib_per_node:.0f} GiB "
+                   f"of host memory per node, ${usual.predicted.cost_usd:,.2f})")
+    step = light.predicted.step_seconds
+    if nf4:
+        base = light.predicted.memory_breakdown_gib.get(NF4_BASE, 0.0)
+        return (f"quantization auto chose nf4 (QLoRA): {instead}; the 4-bit base takes {base:.1f} GiB and a "
+                f"{step:.2f} s step, its weights dequantized in every pass, and costs a little quality: the "
+                "adapters learn on weights rounded to 4 bits (set method.lora.quantization none to keep bf16).")
+    return (f"optimizerState auto chose bf16: {instead}; bf16 weights and AdamW moments, updated with stochastic "
+            f"rounding, hold 8 bytes a parameter instead of 16, at a {step:.2f} s step, and cost a little quality "
+            "(set hyperparameters.optimizerState fp32 to keep fp32 masters).")

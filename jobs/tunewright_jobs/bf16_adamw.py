@@ -1,0 +1,78 @@
+"""AdamW on bf16 weights and bf16 moments, each update rounded stochastically (`optimizer_state: bf16`).
+
+Full fine-tuning with fp32 master weights holds 16 bytes a parameter between steps (weights, two moments, and
+the gradient while it is made); this holds 8 (bf16 weights, two bf16 moments, a bf16 gradient), which is what
+lets an 8B model train on one 141 GB GPU without offloading. Rounding an update to the nearest bf16 would lose
+every update smaller than half a bf16 step of the weight (2^-9 of it): most of them, late in training. Rounded
+up or down at random, in proportion to where the exact value falls between its two neighbours, each rounding is
+exact in expectation, so small updates accumulate as they would in fp32 (Gupta et al. 2015, "Deep Learning with
+Limited Numerical Precision"; Zamirai et al. 2020 for bf16 weights and moments).
+
+The arithmetic of a step is fp32 (AdamW's, as torch's: decoupled weight decay, bias-corrected moments); only
+what is stored is bf16. The random bits come from the device's global generator, which checkpoints save and
+restore with every rank's RNG.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROUNDING_BITS = 16  # an fp32 keeps 16 more mantissa bits than a bf16
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's shard on this rank (FSDP2), in place; a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def stochastic_round_(target: torch.Tensor, value: torch.Tensor) -> None:
+    """`value` (fp32) into `target` (bf16), rounded to one of its two bf16 neighbours at random, the farther one
+    with probability the share of the gap `value` covers: random low bits added to the fp32 pattern carry into
+    the kept bits exactly that often, and truncation drops them."""
+    bits = value.view(torch.int32)
+    noise = torch.randint(0, 1 << ROUNDING_BITS, value.shape, dtype=torch.int32, device=value.device)
+    bits.add_(noise).bitwise_and_(-(1 << ROUNDING_BITS))  # the kept bits of value + noise, in place
+    target.copy_(value)  # exact: the dropped bits are zero
+
+
+class Bf16AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's update, for bf16 parameters and moments, stored with stochastic rounding."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("Bf16AdamW takes no closure")
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.dtype != torch.bfloat16:
+                    raise TypeError(f"Bf16AdamW steps bf16 parameters, got {p.dtype}: load the model in bf16")
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                self._update(_local(p), _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
+                             float(state["step"]), group["lr"], beta1, beta2, group["eps"], group["weight_decay"])
+
+    @staticmethod
+    def _update(p, grad, exp_avg, exp_avg_sq, step: float, lr: float, beta1: float, beta2: float, eps: float,
+                weight_decay: float) -> None:
+        g = grad.float()
+        m = exp_avg.float().mul_(beta1).add_(g, alpha=1 - beta1)
+        v = exp_avg_sq.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        denominator = (v / (1 - beta2 ** step)).sqrt_().add_(eps)
+        weights = p.float()
+        if weight_decay:
+            weights.mul_(1 - lr * weight_decay)
+        weights.addcdiv_(m, denominator, value=-lr / (1 - beta1 ** step))
+        stochastic_round_(p, weights)
+        stochastic_round_(exp_avg, m)
+        stochastic_round_(exp_avg_sq, v)
