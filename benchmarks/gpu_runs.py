@@ -197,6 +197,33 @@ PROFILED_STEPS = 3  # the last steps of a run: the communication-share window
 WARMUP_STEPS = 3  # allocator growth, cuBLAS/NCCL setup
 
 
+def one_gpu_strategy(micro_batch: int, activation_checkpointing: bool, cpu_offload: bool, smoke: bool) -> dict:
+    """A job config's `strategy` for one GPU (or, in a smoke run, the CPU: offload needs a GPU)."""
+    return {"type": "single", "num_workers": 1, "use_gpu": not smoke, "micro_batch_size": micro_batch,
+            "activation_checkpointing": activation_checkpointing, "cpu_offload": cpu_offload and not smoke}
+
+
+def measured_steps(measured: list[dict]) -> dict:
+    """Trained tokens over the measured steps' time, their median step, their peak memory."""
+    return {"tokens_per_second": sum(r["tokens"] for r in measured) / sum(r["step_seconds"] for r in measured),
+            "step_seconds_median": statistics.median(r["step_seconds"] for r in measured),
+            "peak_memory_gib": max((r.get("peak_memory_gib") or 0.0) for r in measured)}
+
+
+def run_on_ray(config: dict, out: Path, timeout: float) -> tuple[dict, list[dict], str]:
+    """One run on one GPU through Ray Train, as the product runs it: (a row holding its wall time, or its error;
+    its metrics records; what it printed on stderr)."""
+    started = time.time()
+    try:
+        proc = launch_runtime(config, out, 1, timeout=timeout, ray=True)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out"}, [], ""
+    row: dict = {"wall_seconds": time.time() - started}
+    if proc.returncode:
+        return row | {"error": (proc.stderr or proc.stdout)[-2500:]}, [], proc.stderr
+    return row, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()], proc.stderr
+
+
 def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices: str | None,
             ray: bool = False) -> dict:
     info = models[run.model]

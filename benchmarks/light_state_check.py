@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,16 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_runs import MODELS, PEAK_FLOPS, SMOKE_MODELS, build_model, launch_runtime, write_dataset  # noqa: E402
+from gpu_runs import (  # noqa: E402
+    MODELS,
+    PEAK_FLOPS,
+    SMOKE_MODELS,
+    build_model,
+    measured_steps,
+    one_gpu_strategy,
+    run_on_ray,
+    write_dataset,
+)
 
 from tunewright_core.planner import calibration  # noqa: E402
 from tunewright_core.planner.estimate import Layout, Workload, estimate  # noqa: E402
@@ -70,30 +78,19 @@ def run_case(case: Case, model_dir: Path, data: Path, work: Path, smoke: bool, p
         "hyperparameters": {"max_steps": case.steps, "learning_rate": 2e-5, "lr_schedule": "cosine",
                             "warmup_ratio": 0.03, "seq_len": seq_len, "seed": 0, "global_batch_size": case.micro_batch,
                             "optimizer_state": case.optimizer_state},
-        "strategy": {"type": "single", "num_workers": 1, "use_gpu": not smoke, "micro_batch_size": case.micro_batch,
-                     "activation_checkpointing": case.activation_checkpointing,
-                     "cpu_offload": case.cpu_offload and not smoke},
+        "strategy": one_gpu_strategy(case.micro_batch, case.activation_checkpointing, case.cpu_offload, smoke),
         "checkpoint": {"final": False},
         "metrics": {"log_every_steps": 1, "profile": {"enabled": False}},
     }
-    started = time.time()
-    try:
-        proc = launch_runtime(config, out, 1, timeout=580, ray=True)
-    except subprocess.TimeoutExpired:
-        return {"error": "timed out"}
-    row: dict = {"wall_seconds": time.time() - started}
-    if proc.returncode:
-        return row | {"error": (proc.stderr or proc.stdout)[-2500:]}
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in steps if r["event"] == "step"]
+    row, records, _ = run_on_ray(config, out, timeout=580)
+    if "error" in row:
+        return row
+    steps = [r for r in records if r["event"] == "step"]
     measured = steps[WARMUP_STEPS:]
-    tokens_per_second = sum(r["tokens"] for r in measured) / sum(r["step_seconds"] for r in measured)
-    return row | {
-        "tokens_per_second": tokens_per_second,
-        "mfu": tokens_per_second * profile.flops_per_token(seq_len, "full") / PEAK_FLOPS,
-        "step_seconds_median": statistics.median(r["step_seconds"] for r in measured),
+    summary = measured_steps(measured)
+    return row | summary | {
+        "mfu": summary["tokens_per_second"] * profile.flops_per_token(seq_len, "full") / PEAK_FLOPS,
         "optimizer_seconds_median": statistics.median(r["optimizer_seconds"] for r in measured),
-        "peak_memory_gib": max((r.get("peak_memory_gib") or 0.0) for r in measured),
         "losses": [r["loss"] for r in steps],
     }
 

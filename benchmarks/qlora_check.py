@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +23,15 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from gpu_runs import MODELS, PEAK_FLOPS, build_model, launch_runtime, write_dataset  # noqa: E402
+from gpu_runs import (  # noqa: E402
+    MODELS,
+    PEAK_FLOPS,
+    build_model,
+    measured_steps,
+    one_gpu_strategy,
+    run_on_ray,
+    write_dataset,
+)
 
 from tunewright_core.planner import calibration  # noqa: E402
 from tunewright_core.planner.estimate import Layout, Workload, estimate  # noqa: E402
@@ -160,30 +166,20 @@ def run_case(case: Case, model_dir: Path, data: Path, work: Path, smoke: bool) -
         "hyperparameters": {"max_steps": case.steps, "learning_rate": 1e-4, "lr_schedule": "constant",
                             "seq_len": 128 if smoke else case.seq_len, "warmup_ratio": 0.0, "seed": 0,
                             "global_batch_size": case.micro_batch},
-        "strategy": {"type": "single", "num_workers": 1, "use_gpu": not smoke, "micro_batch_size": case.micro_batch,
-                     "activation_checkpointing": case.activation_checkpointing,
-                     "cpu_offload": case.cpu_offload and not smoke},
+        "strategy": one_gpu_strategy(case.micro_batch, case.activation_checkpointing, case.cpu_offload, smoke),
         "kernels": {"compile": case.compile},
         "checkpoint": {"final": False},
         "metrics": {"log_every_steps": 1, "profile": {"enabled": False}},
     }
-    started = time.time()
-    try:
-        proc = launch_runtime(config, out, 1, timeout=540, ray=True)
-    except subprocess.TimeoutExpired:
-        return {"error": "timed out"}
-    row: dict = {"wall_seconds": time.time() - started}
-    if proc.returncode:
-        return row | {"error": (proc.stderr or proc.stdout)[-2500:]}
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    row, records, stderr = run_on_ray(config, out, timeout=540)
+    if "error" in row:
+        return row
     steps = [r for r in records if r["event"] == "step"]
     measured = steps[WARMUP_STEPS:]
     start = next(r for r in records if r["event"] == "start")
-    kernels = next((line.split("kernels: ", 1)[1] for line in proc.stderr.splitlines() if "kernels: " in line), "")
+    kernels = next((line.split("kernels: ", 1)[1] for line in stderr.splitlines() if "kernels: " in line), "")
     return row | {
-        "tokens_per_second": sum(r["tokens"] for r in measured) / sum(r["step_seconds"] for r in measured),
-        "step_seconds_median": statistics.median(r["step_seconds"] for r in measured),
-        "peak_memory_gib": max((r.get("peak_memory_gib") or 0.0) for r in measured),
+        **measured_steps(measured),
         "peak_memory_reserved_gib": max((r.get("peak_memory_reserved_gib") or 0.0) for r in measured),
         "losses": [r["loss"] for r in steps], "steps_measured": len(measured), "kernels": kernels,
         "parameters": start.get("parameters"), "trainable_parameters": start.get("trainable_parameters"),

@@ -111,3 +111,27 @@ def test_the_topology_check_measures_a_link_and_sets_the_planner_beside_the_runs
         assert "extrapolates: lora on several GPUs" in predicted["band_basis"]
     assert set(result["choices"]) == {"lora over sockets"}
     assert result["choices"]["lora over sockets"]["planner"] in ("ddp", "fsdp")
+
+
+def smoke(script: str, tmp_path: Path, *argv: str) -> dict:
+    out = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--smoke", "--out", str(out),
+                           "--work", str(tmp_path / "work"), *argv], capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow  # builds a pre-quantized model and trains it through Ray
+def test_the_qlora_check_trains_a_pre_quantized_base_through_ray(tmp_path):
+    (row,) = smoke("qlora_check.py", tmp_path, "--cases", "70b")["runs"]
+    assert "error" not in row, row.get("error")
+    assert row["tokens_per_second"] > 0 and row["trainable_parameters"] < row["parameters"]
+    assert row["predicted"]["peak_memory_gib"] > 0 and row["case"]["quantization"] == "nf4"
+
+
+@pytest.mark.slow  # two short full fine-tunes through Ray
+def test_the_light_state_check_runs_both_states_through_ray(tmp_path):
+    rows = smoke("light_state_check.py", tmp_path, "--cases", "quality")["runs"]
+    assert [r["case"]["optimizer_state"] for r in rows] == ["fp32", "bf16"]
+    assert all("error" not in r and r["tokens_per_second"] > 0 and len(r["losses"]) == 6 for r in rows), rows
