@@ -4,8 +4,9 @@ length, micro-batch, bf16, SDPA and fused AdamW. Prints trained (non-padding) to
 the ratios against the stronger baseline and whether the loss curves agree; writes the raw numbers as JSON
 after every run (a cut-off call keeps what finished).
 
-Systems: `hf`, `hf+liger` (`Trainer(..., use_liger_kernel=True)`), `tunewright` (its defaults: every fast
-path on), and the levers one by one for the accounting: `tw-plain` (all off: the runtime before them),
+Systems: `hf`, `hf+liger` (`Trainer(..., use_liger_kernel=True)`), `unsloth` (2026.10.9 with unsloth_zoo, trl, datasets
+and a bitsandbytes slimmed to the GPU's CUDA, carried to the GPU machine as wheels; SDPA there: flash-attn is
+not in the image), `tunewright` (its defaults: every fast path on), and the levers one by one for the accounting: `tw-plain` (all off: the runtime before them),
 `tw-fused` (+ fused linear cross-entropy), `tw-fused-varlen` (+ varlen attention; + compile = `tunewright`).
 
   python benchmarks/vs_hf.py --out benchmarks/results/vs_hf_h200.json                 # every case
@@ -64,7 +65,7 @@ TW_SYSTEMS = {  # job config sections over the runtime's defaults
     "tw-fused": {"model": {"attn_implementation": "sdpa"}, "kernels": {"compile": "off"}},
     "tw-fused-varlen": {"kernels": {"compile": "off"}},
 }
-HF_SYSTEMS = ("hf", "hf+liger")
+HF_SYSTEMS = ("hf", "hf+liger", "unsloth")  # hf_baseline.py runs each
 SYSTEMS = (*TW_SYSTEMS, *HF_SYSTEMS)
 DEFAULT_SYSTEMS = ("tunewright", "tw-plain", "hf", "hf+liger")
 
@@ -167,9 +168,12 @@ def run_tunewright(name: str, case: Case, system: str, model_dir: Path, data: Pa
     return row
 
 
-def run_hf(name: str, case: Case, system: str, model_dir: Path, data: Path, work: Path, steps: int) -> dict:
+def run_hf(name: str, case: Case, system: str, model_dir: Path, data: Path, work: Path, steps: int,
+           smoke: bool = False) -> dict:
     if case.gpus > 1:
         return {"skipped": "the HF baseline here runs on one GPU"}
+    if system == "unsloth" and smoke:
+        return {"skipped": "Unsloth needs a CUDA GPU"}
     out = work / f"{name}--{system}"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"system": system, "model_dir": str(model_dir), "data": str(data),
@@ -195,7 +199,8 @@ def loss_gap(a: list[float], b: list[float]) -> float | None:
 
 
 def summarize(rows: dict[str, dict[str, dict]], cases: dict[str, Case]) -> dict[str, dict]:
-    """Per case: tunewright against the stronger HF baseline, packed against fixed rows, the levers."""
+    """Per case: tunewright against the strongest baseline (HF, HF + Liger or Unsloth) and against Unsloth alone,
+    packed against fixed rows, the levers."""
     out = {}
     for name, by_system in rows.items():
         ok = {s: r for s, r in by_system.items() if "tokens_per_second" in r}
@@ -208,6 +213,10 @@ def summarize(rows: dict[str, dict[str, dict]], cases: dict[str, Case]) -> dict[
                         "speedup": ours["tokens_per_second"] / ok[stronger]["tokens_per_second"]}
             if ours.get("peak_memory_gib") and ok[stronger].get("peak_memory_gib"):
                 summary["memory_ratio"] = ours["peak_memory_gib"] / ok[stronger]["peak_memory_gib"]
+        if ours and "unsloth" in ok:  # issue 35's bar: 1.3x its tokens/s at or below its peak memory
+            summary["speedup_over_unsloth"] = ours["tokens_per_second"] / ok["unsloth"]["tokens_per_second"]
+            if ours.get("peak_memory_gib") and ok["unsloth"].get("peak_memory_gib"):
+                summary["memory_ratio_over_unsloth"] = ours["peak_memory_gib"] / ok["unsloth"]["peak_memory_gib"]
         if ours and "tw-plain" in ok:
             summary["speedup_over_plain"] = ours["tokens_per_second"] / ok["tw-plain"]["tokens_per_second"]
             summary["loss_curve_max_rel_gap_vs_plain"] = loss_gap(ours["losses"], ok["tw-plain"]["losses"])
@@ -246,7 +255,7 @@ def main() -> int:
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     environment = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus_visible": visible,
                    "gpu": torch.cuda.get_device_name(0) if visible else "cpu"}
-    for package in ("transformers", "peft", "liger-kernel", "triton"):  # liger_kernel has no __version__
+    for package in ("transformers", "peft", "liger-kernel", "triton", "unsloth"):  # liger_kernel: no __version__
         try:
             environment[package.replace("-", "_")] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:  # a missing baseline package is recorded, not fatal
@@ -293,7 +302,7 @@ def main() -> int:
                 row = run_tunewright(name, case, system, model_dir, data, args.work, steps, args.smoke,
                                      args.trace if system == "tunewright" else None)
             else:
-                row = run_hf(name, case, system, model_dir, data, args.work, steps)
+                row = run_hf(name, case, system, model_dir, data, args.work, steps, args.smoke)
             row["wall_seconds"] = time.time() - started
             row["invocation"] = invocation
             if "tokens_per_second" in row:
