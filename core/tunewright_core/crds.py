@@ -31,6 +31,7 @@ DROPPED_KEYWORDS = {"title", "$defs", "discriminator"}
 # path within the FineTuneJob spec.
 _DPO = "has(self.method) && has(self.method.objective) && self.method.objective == 'dpo'"
 _PAIRS = "has(self.dataset.format) && self.dataset.format == 'preference'"
+_FP8 = "has(self.resources) && has(self.resources.precision) && self.resources.precision == 'fp8'"
 CEL_RULES: dict[tuple[str, ...], list[dict]] = {
     (): [  # the spec's own: FineTuneJobSpec._objective_fits_the_format
         {"rule": f"!({_DPO}) || ({_PAIRS})",
@@ -44,6 +45,10 @@ CEL_RULES: dict[tuple[str, ...], list[dict]] = {
                  "(has(self.method) && has(self.method.type) && self.method.type == 'full')",
          "message": "hyperparameters.optimizerState: bf16 is for full fine-tuning: set method.type to full, or "
                     "optimizerState to fp32 or auto"},
+        {"rule": f"!({_FP8}) || !(has(self.method) && has(self.method.lora) && has(self.method.lora.quantization) "
+                 "&& self.method.lora.quantization == 'nf4' && (!has(self.method.type) || self.method.type == 'lora'))",
+         "message": "resources.precision: fp8 products cast bf16 weights, not a 4-bit base: set "
+                    "method.lora.quantization to none or auto, or precision to bf16"},
     ],
     ("method",): [  # MethodSpec._quantized_base_is_lora
         {"rule": "!(has(self.type) && self.type == 'full' && has(self.lora) && has(self.lora.quantization) && "

@@ -30,7 +30,7 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
         hyperparameters["max_steps"] = hp.max_steps
     if plan.optimizer_state != "fp32":  # auto resolved by the plan; an fp32 job's config is what it always was
         hyperparameters["optimizer_state"] = plan.optimizer_state
-    strategy = {"type": plan.strategy, "num_workers": plan.workers, "use_gpu": plan.device == "gpu",
+    strategy: dict[str, object] = {"type": plan.strategy, "num_workers": plan.workers, "use_gpu": plan.device == "gpu",
                 "micro_batch_size": plan.micro_batch, "grad_accum": plan.grad_accum,
                 "activation_checkpointing": plan.activation_checkpointing,
                 "activation_checkpointing_every": plan.activation_checkpointing_every,
@@ -39,6 +39,8 @@ def runtime_config(spec: FineTuneJobSpec, plan: JobPlan, *, name: str, output_di
         strategy["hsdp_shard_size"] = plan.shard_group
     if plan.cpu_offload:
         strategy["cpu_offload"] = True
+    if plan.precision == "fp8":
+        strategy["precision"] = "fp8"
     method_config: dict = {"type": method.type, "lora": {"r": method.lora.r, "alpha": method.lora.alpha,
                                                          "dropout": method.lora.dropout,
                                                          "target_modules": list(method.lora.target_modules)}}

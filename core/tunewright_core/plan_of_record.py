@@ -24,7 +24,7 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
     """What a run is made from: everything in the spec but `suspend` (which may change while it runs). An sft
     spec's hash leaves out the fields dpo added (method.objective, method.dpo), and at their defaults those QLoRA
     added and the lighter optimizer state's (method.lora.quantization, checkpoint.exportMerged,
-    hyperparameters.optimizerState), so that it is what it was before them: a job that ran then is not taken
+    hyperparameters.optimizerState, resources.precision), so that it is what it was before them: a job that ran then is not taken
     for a changed one (nor its plan of record for another spec's)."""
     exclude: dict = {"suspend": True}
     method: dict = {}
@@ -38,6 +38,8 @@ def spec_hash(spec: FineTuneJobSpec) -> str:
         exclude["checkpoint"] = {"export_merged": True}
     if spec.hyperparameters.optimizer_state == "fp32":
         exclude["hyperparameters"] = {"optimizer_state": True}
+    if spec.resources.precision == "bf16":
+        exclude["resources"] = {"precision": True}
     return hashlib.sha256(spec.model_dump_json(by_alias=True, exclude=exclude).encode()).hexdigest()
 
 
@@ -77,7 +79,7 @@ def adopted_plan(annotation: str | None, spec: FineTuneJobSpec, pool_name: str, 
 def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GPUPoolSpec) -> bool:
     """Whether the planner could have made `plan` for `spec` on `pool`: one worker a GPU, whole nodes of the
     pool, no more GPUs than the spec allows, its strategy where it forces one, the base's quantization and the
-    optimizer state where it sets them, host memory within a node's."""
+    optimizer state where it sets them, its precision, host memory within a node's."""
     resources = spec.resources
     host = plan.predicted.host_memory_gib_per_node if plan.predicted else 0.0
     return (plan.pool == pool_name and plan.device == "gpu" and plan.workers == plan.gpus >= 1
@@ -87,6 +89,7 @@ def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GP
             and resources.strategy in ("auto", plan.strategy)
             and plan.quantization in allowed_quantizations(spec)
             and plan.optimizer_state in allowed_optimizer_states(spec)
+            and plan.precision == spec.resources.precision
             and plan.shard_group >= 1 and plan.gpus % plan.shard_group == 0
             and host <= planner_pool(pool_name, pool).host_memory_per_node_gib)
 

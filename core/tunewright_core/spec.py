@@ -28,6 +28,7 @@ MethodType = Literal["lora", "full"]
 Objective = Literal["sft", "dpo"]
 BaseQuantization = Literal["none", "nf4"]  # how a plan loads a LoRA base
 StateDtype = Literal["fp32", "bf16"]  # how a plan holds full fine-tuning's weights and AdamW moments
+ProductPrecision = Literal["bf16", "fp8"]  # the decoder blocks' matrix products
 DatasetFormat = Literal["chat", "prompt_completion", "text", "preference"]
 # the dataset format each objective trains on: dpo on preference pairs, sft on any other
 PREFERENCE_FORMAT = "preference"
@@ -236,6 +237,11 @@ class ResourcesSpec(CamelModel):
     deadline_seconds: Annotated[int, Field(gt=0, le=366 * 86400)] | None = Field(
         default=None, description="Wall-clock limit of the run (RayJob activeDeadlineSeconds); without a budget, "
                                   "the cheapest plan predicted to finish within it.")
+    precision: ProductPrecision = Field(
+        default="bf16", description="The decoder blocks' matrix products: bf16, or fp8 (tensor-wise scaled, on the "
+                                    "FP8 tensor cores of Ada, Hopper and newer GPUs: twice bf16's rate there, plus "
+                                    "the casts, and a small quality cost); the plan says whether it pays. Not with "
+                                    "a 4-bit base.")
     max_retries: Annotated[int, Field(ge=0, le=100)] = Field(
         default=2, description="New Ray clusters after a failure (RayJob backoffLimit); each resumes from the "
                                "newest checkpoint.")
@@ -290,6 +296,13 @@ class FineTuneJobSpec(CamelModel):
         if pairs and not dpo:
             raise ValueError(f"method.objective: dataset.format preference holds preference pairs, which only "
                              f"objective dpo trains on: set method.objective to dpo (not {self.method.objective})")
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_casts_bf16_weights(self) -> FineTuneJobSpec:
+        if self.resources.precision == "fp8" and self.method.type == "lora" and self.method.lora.quantization == "nf4":
+            raise ValueError("resources.precision: fp8 products cast bf16 weights, not a 4-bit base: set "
+                             "method.lora.quantization to none or auto, or precision to bf16")
         return self
 
     @model_validator(mode="after")
@@ -378,6 +391,8 @@ class JobPlan(CamelModel):
     optimizer_state: StateDtype = Field(
         default="fp32", description="How full fine-tuning holds its weights and AdamW moments: fp32 masters or bf16, "
                                     "as hyperparameters.optimizerState asks or, for auto, as the planner chose.")
+    precision: ProductPrecision = Field(default="bf16", description="The decoder blocks' matrix products, as "
+                                                                    "resources.precision asks.")
     predicted: Predicted | None = Field(default=None, description="Absent where nothing is modelled (CPU).")
     link_bus_bytes_per_s: float | None = Field(
         default=None, description="The bus bandwidth the plan's collectives were predicted at on the link that "

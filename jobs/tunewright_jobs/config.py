@@ -181,9 +181,11 @@ class StrategyConfig(_Strict):
                     "backward). false: keep them from forward to backward, one all-gather per block per "
                     "micro-batch instead of two, for the memory of the gathered blocks.",
     )
-    precision: Literal["auto", "bf16", "fp32"] = Field(
+    precision: Literal["auto", "bf16", "fp32", "fp8"] = Field(
         default="auto",
-        description="Compute precision (fp32 master weights and gradient reduction either way). auto: bf16 on GPU.",
+        description="Compute precision (fp32 master weights and gradient reduction either way). auto: bf16 on GPU. "
+                    "fp8: bf16, with the decoder blocks' matrix products in FP8 (tensor-wise scaled; fp8.py): a GPU "
+                    "with FP8 tensor cores (compute capability 8.9 or newer).",
     )
     cpu_offload: bool = Field(
         default=False,
@@ -208,6 +210,10 @@ class StrategyConfig(_Strict):
             raise ValueError("hsdp_shard_size only applies to strategy hsdp")
         if self.cpu_offload and not self.use_gpu:
             raise ValueError("cpu_offload moves GPU state to the host: it needs use_gpu: true")
+        if self.precision == "fp8" and not self.use_gpu:
+            raise ValueError("precision: fp8 runs on FP8 tensor cores, which the CPU has not (its FP8 products are an "
+                             "emulation, slower than fp32): set use_gpu: true on a GPU of compute capability 8.9 or "
+                             "newer, or precision: auto")
         if self.activation_checkpointing_every > 1 and not self.activation_checkpointing:
             raise ValueError(
                 f"activation_checkpointing_every: {self.activation_checkpointing_every} picks the blocks to "
@@ -318,6 +324,9 @@ class JobConfig(_Strict):
     def _quantized_base_fits_the_layout(self) -> None:
         if self.method.lora.quantization == "none":
             return
+        if self.strategy.precision == "fp8":
+            raise ValueError("strategy.precision: fp8 products need bf16 weights to cast, not a 4-bit base: set "
+                             "precision: auto, or method.lora.quantization: none")
         if self.method.type != "lora":
             raise ValueError("method.lora.quantization: nf4 loads a frozen LoRA base in 4 bits, but method.type full "
                              "trains every weight: set method.type: lora, or quantization: none")

@@ -60,6 +60,8 @@ def load_model(cfg: JobConfig, device: torch.device = CPU):
     model.config.use_cache = False
     if placement and device.type == "cpu":
         keep_codes_as_trained(model)
+    if cfg.strategy.precision == "fp8":
+        use_fp8(cfg, model, device)
     if cfg.strategy.activation_checkpointing:
         checkpoint_blocks(model, every=cfg.strategy.activation_checkpointing_every)
     if cfg.method.type == "lora":
@@ -79,6 +81,29 @@ def nf4_config(compute: torch.dtype):
 
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                               bnb_4bit_compute_dtype=compute)
+
+
+# FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+FP8_CAPABILITY = (8, 9)
+
+
+def use_fp8(cfg: JobConfig, model, device: torch.device) -> None:
+    """The decoder blocks' linear layers computed in FP8 (fp8.py), on a GPU that has FP8 tensor cores. A frozen
+    LoRA base keeps its FP8 copy between calls where it stays a plain tensor of its own (single, ddp: outside
+    FSDP); where FSDP gathers it into a reused buffer, it is cast at each call."""
+    from tunewright_jobs.fp8 import convert_blocks_to_fp8
+
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"strategy.precision: fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, "
+                         f"Hopper, Blackwell); this {torch.cuda.get_device_name(device)} is {major}.{minor}: use "
+                         "precision auto")
+    keep = cfg.method.type == "lora" and cfg.strategy.type in ("single", "ddp") and not cfg.strategy.cpu_offload
+    converted = convert_blocks_to_fp8(transformer_blocks(model), keep_frozen_cast=keep)
+    if not converted:
+        raise ValueError("strategy.precision: fp8 found no linear layer whose sizes are multiples of 16 in "
+                         f"{type(model).__name__}'s blocks: use precision auto")
+    log.info("fp8: %d linear layers of the decoder blocks compute in FP8", converted)
 
 
 def keep_codes_as_trained(model) -> None:

@@ -90,7 +90,7 @@ def compute_dtype(cfg: JobConfig, device: torch.device) -> torch.dtype:
         return torch.bfloat16
     if precision == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return torch.bfloat16 if precision == "bf16" else torch.float32
+    return torch.float32 if precision == "fp32" else torch.bfloat16  # fp8: bf16 around the FP8 products
 
 
 def mesh_shape(cfg: JobConfig, world_size: int) -> tuple[int, ...]:

@@ -75,6 +75,24 @@ def test_full_with_bf16_state_learns_as_fp32_masters_do(tiny_models, tmp_path, s
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
 
 
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_fp8_products_train_as_bf16_does(tiny_models, tmp_path, method):
+    """`strategy.precision: fp8` on the GPU's FP8 tensor cores (skipped below compute capability 8.9)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip(f"{torch.cuda.get_device_name()} has no FP8 tensor cores")
+    runs = {}
+    for precision in ("bf16", "fp8"):
+        cfg = cuda_config(tiny_models, tmp_path / precision, method={"type": method},
+                          hyperparameters={"max_steps": 30, "learning_rate": 2e-3 if method == "full" else 5e-3},
+                          strategy={"precision": precision})
+        result = train_without_ray(cfg)
+        runs[precision] = (metrics(cfg), result)
+    (bf16_steps, bf16), (fp8_steps, fp8) = runs["bf16"], runs["fp8"]
+    for result in (bf16, fp8):
+        assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]
+    assert fp8_steps[0].loss == pytest.approx(bf16_steps[0].loss, rel=0.05)  # the kit's wide weights: see test_fp8
+
+
 def test_full_on_one_gpu(single_gpu_full):
     _, result = single_gpu_full
     assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]

@@ -117,6 +117,10 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
                        "hyperparameters.globalBatchSize", "invalid_value")
     per_worker = batch // workers
     micro = max(m for m in range(1, min(per_worker, MAX_CPU_MICRO_BATCH) + 1) if per_worker % m == 0)
+    if spec.resources.precision == "fp8":
+        raise ApiError(422, "fp8 products run on a GPU's FP8 tensor cores, and the local pool is this machine's "
+                            "CPUs: set resources.precision bf16, or submit to a GPU pool", "resources.precision",
+                       "invalid_value")
     # a 4-bit base where the spec asks for one; auto keeps bf16 here, where no GPU memory is to be saved
     nf4 = spec.method.type == "lora" and spec.method.lora.quantization == "nf4"
     if nf4 and strategy not in ("single", "ddp"):

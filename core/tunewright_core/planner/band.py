@@ -9,7 +9,7 @@ The band is widened (its log-width multiplied) for each way the plan leaves what
 run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
 than the fit's, LoRA on several GPUs (every published run is full fine-tuning), the dpo objective (every run
 measured is sft), a 4-bit QLoRA base (its dequantization is counted, not yet measured), or bf16 weights and
-moments (their optimizer step likewise).
+moments (their optimizer step likewise), or FP8 products (their rate and casts likewise).
 `basis` says which.
 """
 
@@ -26,6 +26,7 @@ MEASURED_ONE_GPU = "H200"
 MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
 UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds, never measured
+UNMEASURED_FP8 = 1.5  # fp8: its rate (at bf16's efficiency) and casts are counted, and no run measured them
 UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16: its eager optimizer step is counted, not measured
 UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is counted, not measured
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
@@ -56,7 +57,8 @@ class Band:
 
 
 def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len: int, method: str,
-         learned_windows: int = 0, objective: str = "sft", optimizer_state: str = "fp32") -> Band:
+         learned_windows: int = 0, objective: str = "sft", optimizer_state: str = "fp32",
+         precision: str = "bf16") -> Band:
     """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node); the GPU's
     efficiency learned over `learned_windows` profiler windows of the pool's own jobs (0: the catalog's)."""
     one_measured_gpu = gpus == 1 and gpu == MEASURED_ONE_GPU
@@ -89,6 +91,9 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
     if method == "qlora":
         widen *= UNMEASURED_QLORA
         reasons.append("a 4-bit base (its dequantization counted in bytes, not yet measured)")
+    if precision == "fp8":
+        widen *= UNMEASURED_FP8
+        reasons.append("fp8 products (their rate and casts counted, not yet measured)")
     if optimizer_state == "bf16":
         widen *= UNMEASURED_LIGHT_STATE
         reasons.append("bf16 weights and moments (their optimizer step counted in bytes, not yet measured)")

@@ -24,6 +24,12 @@ measured) is paid per micro-batch, whatever its tokens.
 Full fine-tuning with `optimizer_state` bf16 (jobs' bf16_adamw.py) holds the weights and both moments in bf16 and
 the gradients in bf16: 8 bytes a parameter instead of 16, and on `single` no compute copy (the model is bf16
 already). Its optimizer step is unfused torch: `BF16_STATE_ADAMW_BYTES_PER_PARAM`, counted, not measured.
+
+FP8 (`precision` fp8, jobs' fp8.py) runs the blocks' linear products at the GPU's FP8 rate (at the bf16 matmul
+efficiency: not measured) and adds their casts: every product's input in forward (and recompute, and dpo's
+reference forward) and its output's gradient in backward, `FP8_CAST_BYTES` an element; the weights cast per
+micro-batch unless a frozen base keeps its FP8 copy (LoRA on single or ddp: one byte a block weight more).
+Attention, the head and the adapters stay bf16. Counted, not measured.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and wri
 # moments and weights to fp32 (6 each), the moments' and the update's arithmetic (74), three stochastic roundings
 # (34 each: random bits, add, mask, narrowing)
 BF16_STATE_ADAMW_BYTES_PER_PARAM = 214
+# an FP8 cast compiled into a reduction (amax: read 2) and one pass (read 2, write 1)
+FP8_CAST_BYTES = 5
 BF16, FP32 = 2, 4
 NF4 = 0.52  # QLoRA's 4-bit base with double-quantized block constants (QLoRA paper), per block weight
 
@@ -54,6 +62,7 @@ class Workload:
     lora_rank: int = 16
     objective: str = "sft"  # sft | dpo
     optimizer_state: str = "fp32"  # fp32 | bf16 (full fine-tuning: bf16 weights and moments, no fp32 master)
+    precision: str = "bf16"  # bf16 | fp8 (the blocks' linear products)
 
     @property
     def bf16_state(self) -> bool:
@@ -149,6 +158,7 @@ class Calibration:
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
 REFERENCE_WEIGHTS = "dpo reference weights (bf16, frozen)"
 NF4_BASE = "frozen base (NF4 blocks, bf16 rest)"
+FP8_COPIES = "FP8 copies of the frozen blocks"
 DEQUANTIZED = "dequantized module (bf16, one at a time)"
 GRADIENTS = "gradients (fp32; bf16 on bf16 weights)"
 ACCUMULATED_GRADIENTS = "accumulated gradients (fp32; bf16 on bf16 weights)"
@@ -254,6 +264,8 @@ def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if w.method == "qlora":  # the largest matrix, dequantized for its product
         out[DEQUANTIZED] = BF16 * w.model.hidden * max(w.model.hidden, w.model.ffn)
+    if keeps_fp8_copies(w, layout):
+        out[FP8_COPIES] = w.model.layers * w.model.layer_linear_params
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
         keeps_all = (layout.shard_group == 1 or not layout.reshard_after_forward) and not layout.cpu_offload
@@ -382,7 +394,39 @@ def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     traffic = (layers + lora) * recompute_factor(layout, m.layers) + tokens * m.vocab * cal.traffic_bytes_per_vocab
     if w.objective == "dpo":
         traffic += reference_traffic_bytes(w, layout, cal)[0]
-    return traffic + dequantization_bytes(w, layout, cal)
+    return traffic + dequantization_bytes(w, layout, cal) + fp8_cast_bytes(w, layout)
+
+
+def keeps_fp8_copies(w: Workload, layout: Layout) -> bool:
+    """Whether the blocks' frozen weights keep their FP8 casts between products (jobs' model.use_fp8)."""
+    return w.precision == "fp8" and w.method == "lora" and layout.strategy in ("single", "ddp") \
+        and not layout.cpu_offload
+
+
+def fp8_linear_flops(w: Workload, layout: Layout) -> float:
+    """The blocks' linear products of a micro-batch, which FP8 runs: forward, the input's gradient, the weight's
+    (full), the recompute and dpo's reference forward."""
+    if w.precision != "fp8":
+        return 0.0
+    passes = 2 + (1 if w.method == "full" else 0) + layout.checkpointed_share(w.model.layers) \
+        + (1 if w.objective == "dpo" else 0)
+    return micro_tokens(w, layout) * 2 * w.model.layers * w.model.layer_linear_params * passes
+
+
+def fp8_cast_bytes(w: Workload, layout: Layout) -> float:
+    """FP8's casts of a micro-batch (see the module's docstring)."""
+    if w.precision != "fp8":
+        return 0.0
+    m, tokens = w.model, micro_tokens(w, layout)
+    inputs = sum(i for i, _ in m.linear_shapes)
+    outputs = sum(o for _, o in m.linear_shapes)
+    forwards = 1 + layout.checkpointed_share(m.layers) + (1 if w.objective == "dpo" else 0)
+    activations = tokens * m.layers * (inputs * forwards + outputs) * FP8_CAST_BYTES
+    if w.method == "full":  # the saved input, laid out again for the weight's gradient: read 1, write 1
+        activations += tokens * m.layers * inputs * 2
+    weights = 0.0 if keeps_fp8_copies(w, layout) else \
+        m.layers * m.layer_linear_params * (FP8_CAST_BYTES * forwards + 2)  # + backward's transposed copy
+    return activations + weights
 
 
 def dequantization_passes(w: Workload, layout: Layout) -> float:
@@ -459,7 +503,9 @@ def unit_compute(w: Workload, layout: Layout, cal: Calibration, gpu: GPU) -> Uni
     if w.objective == "dpo":
         reference_head = reference_traffic_bytes(w, layout, cal)[1]
         block_traffic -= reference_head
-    blocks_seconds = (blocks / rate + block_traffic / bandwidth + fixed_seconds(w, layout, cal)) / m.layers
+    fp8 = fp8_linear_flops(w, layout)
+    block_products = (blocks - fp8) / rate + (fp8 / (gpu.fp8_flops * gpu.matmul_efficiency) if fp8 else 0.0)
+    blocks_seconds = (block_products + block_traffic / bandwidth + fixed_seconds(w, layout, cal)) / m.layers
     root_forward = head_forward / rate + vocab_traffic / 2 / bandwidth
     if w.objective == "dpo":
         root_forward += reference_head / bandwidth
@@ -495,7 +541,9 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
     gpu: GPU = pool.gpu
     moment, memory = peak_memory(w, layout, cal)
     micro = layout.grad_accum
-    mm = micro * matmul_flops(w, layout) / (gpu.bf16_flops * gpu.matmul_efficiency)
+    fp8 = fp8_linear_flops(w, layout)
+    mm = micro * ((matmul_flops(w, layout) - fp8) / (gpu.bf16_flops * gpu.matmul_efficiency)
+                  + (fp8 / (gpu.fp8_flops * gpu.matmul_efficiency) if fp8 else 0.0))
     mb = micro * (memory_bound_bytes(w, layout, cal) / (gpu.hbm_bytes_per_s * gpu.memory_efficiency)
                   + fixed_seconds(w, layout, cal))
     # a host-bound micro-batch leaves the GPU idle: counted as memory-bound (not matmul) time

@@ -22,6 +22,7 @@ class GPU:
     host_bytes_per_s: float  # host <-> GPU copies of pinned memory, per GPU, each direction (PCIe)
     matmul_efficiency: float = 0.5
     memory_efficiency: float = 0.6
+    fp8_flops: float = 0.0  # dense FP8 tensor-core rate, datasheet; 0: none (before Ada and Hopper)
     learned_windows: int = 0  # profiler windows of a pool's own jobs its efficiencies come from (0: the catalog's)
 
     def calibrated(self, **measured: float) -> GPU:
@@ -40,12 +41,12 @@ class Link:
 
 GPUS = {
     # host links: ~80% of PCIe Gen5 x16 (64 GB/s) on SXM Hopper, of Gen4 x16 (32 GB/s) elsewhere
-    "H200": GPU("H200", 139.0, 989e12, 4.8e12, 50e9),
-    "H100": GPU("H100", 79.0, 989e12, 3.35e12, 50e9),
+    "H200": GPU("H200", 139.0, 989e12, 4.8e12, 50e9, fp8_flops=1979e12),
+    "H100": GPU("H100", 79.0, 989e12, 3.35e12, 50e9, fp8_flops=1979e12),
     "A100-80GB": GPU("A100-80GB", 79.0, 312e12, 2.0e12, 25e9),
     "A100-40GB": GPU("A100-40GB", 39.4, 312e12, 1.55e12, 25e9),
-    "L40S": GPU("L40S", 44.5, 362e12, 0.864e12, 25e9),
-    "L4": GPU("L4", 22.0, 121e12, 0.3e12, 25e9),
+    "L40S": GPU("L40S", 44.5, 362e12, 0.864e12, 25e9, fp8_flops=733e12),
+    "L4": GPU("L4", 22.0, 121e12, 0.3e12, 25e9, fp8_flops=242e12),
     "A10G": GPU("A10G", 22.0, 125e12, 0.6e12, 25e9),
 }
 

@@ -63,14 +63,19 @@ class ModelProfile:
         """Parameters that take part in a matrix product per token: every block and the output head."""
         return self.layers * self.layer_linear_params + self.vocab * self.hidden
 
-    def lora_params(self, rank: int) -> int:
+    @property
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(inputs, outputs) of each linear layer of a block: q, k, v, o, gate, up, down (GPT-2: c_attn, c_proj,
+        c_fc, mlp.c_proj)."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         h, f = self.hidden, self.ffn
-        if self.gated_mlp:  # (in + out) x r for q, k, v, o, gate, up, down
-            shapes = [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
-        else:  # c_attn, c_proj, c_fc, mlp.c_proj
-            shapes = [(h, h + 2 * kv), (h, h), (h, f), (f, h)]
-        return self.layers * rank * sum(i + o for i, o in shapes)
+        if self.gated_mlp:
+            return [(h, q), (h, kv), (h, kv), (q, h), (h, f), (h, f), (f, h)]
+        return [(h, h + 2 * kv), (h, h), (h, f), (f, h)]
+
+    def lora_params(self, rank: int) -> int:
+        """(in + out) x r for each adapted layer."""
+        return self.layers * rank * sum(i + o for i, o in self.linear_shapes)
 
     def flops_per_token(self, seq_len: int, method: str, objective: str = "sft") -> float:
         """Model FLOPs per trained token (docs/reference.md, "FLOPs and time"): 6Ψ + 12·L·h·s full, 4Ψ + 12·L·h·s LoRA;

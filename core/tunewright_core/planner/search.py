@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tunewright_core.planner.band import Evidence, band
 from tunewright_core.planner.estimate import (
@@ -196,6 +196,9 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     if strategy not in ("auto", *STRATEGIES):
         raise ValueError(f"strategy: must be auto or one of {', '.join(STRATEGIES)}, got {strategy!r}")
     limit = max_gpus or pool.max_gpus
+    if w.precision == "fp8" and not pool.gpu.fp8_flops:
+        raise NoPlan(f"precision fp8: the {pool.gpu.name} has no FP8 tensor cores (they came with Ada and Hopper): "
+                     "set resources.precision bf16, or plan on a pool of H100, H200, L40S or L4")
     if w.method == "qlora":
         if strategy not in ("auto", *QLORA_STRATEGIES):
             raise NoPlan(f"strategy {strategy}: the runtime does not shard a 4-bit (nf4) base; it trains it on one "
@@ -246,7 +249,21 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     for c in shown + passed_over:
         rejected.append(RejectedOption(strategy=c.layout.strategy, gpus=c.layout.gpus,
                                        reason=_compare(c, chosen, objective)))
-    return _to_plan(w, chosen, best, pool, objective, _noting(rejected, cap), cap, evidence)
+    made = _to_plan(w, chosen, best, pool, objective, _noting(rejected, cap), cap, evidence)
+    if w.precision == "fp8":
+        made = made.model_copy(update={"precision": "fp8",
+                                       "explanation": f"{made.explanation} {_fp8_pays(w, chosen, pool, cal)}"})
+    return made
+
+
+def _fp8_pays(w: Workload, c: Candidate, pool: Pool, cal: Calibration) -> str:
+    """Whether FP8 pays on the chosen layout: its step against the same layout's with bf16 products."""
+    bf16 = estimate(replace(w, precision="bf16"), c.layout, pool, cal).step_seconds
+    fp8 = c.estimate.step_seconds
+    verdict = (f"pays: {bf16 / fp8 - 1:.0%} faster" if fp8 < bf16 * (1 - NEAR_TIE)
+               else f"does not pay here: {fp8 / bf16 - 1:+.0%} (its casts cost what its products save)")
+    return (f"fp8: step {fp8:.3f} s against {bf16:.3f} s with bf16 products on this layout, so it {verdict}; "
+            "counted, not measured (the FP8 rate at the bf16 matmul efficiency, the casts in bytes).")
 
 
 def _noting(rejected: list[RejectedOption], cap: BatchCap | None) -> list[RejectedOption]:
@@ -367,7 +384,7 @@ def _communication(e: Estimate) -> str:
 
 def prediction_band(w: Workload, c: Candidate, pool: Pool, evidence: Evidence) -> PredictionBand:
     b = band(evidence, pool.gpu.name, c.layout.gpus, pool.inter_node if c.layout.nodes > 1 else None, w.seq_len,
-             w.method, pool.gpu.learned_windows, w.objective, w.optimizer_state)
+             w.method, pool.gpu.learned_windows, w.objective, w.optimizer_state, w.precision)
     (tps_low, tps_high), (step_low, step_high) = b.around(c.tokens_per_second), b.around(c.estimate.step_seconds, True)
     (duration_low, duration_high), (cost_low, cost_high) = (b.around(c.duration_seconds, True),
                                                             b.around(c.cost_usd, True))

@@ -1,0 +1,127 @@
+"""FP8 matrix products for the decoder blocks' linear layers (`strategy.precision: fp8`), tensor-wise scaled.
+
+Each product casts its two operands to FP8 with one scale per tensor (the largest magnitude maps to the format's
+largest value) and multiplies them with `torch._scaled_mm` (Hopper's FP8 tensor cores: twice bf16's rate),
+accumulating in fp32 and writing bf16. Forward takes activations and weights in E4M3 (more mantissa); backward
+takes the output's gradient in E5M2 (more range): the input's gradient is E5M2 x E4M3 and, where the weight
+trains, the weight's gradient is E5M2 x E4M3 too. Activations are saved for backward in FP8, half their bf16 size.
+
+A frozen weight (a LoRA base) is cast once and kept, with its transpose for backward, while its storage and
+version are unchanged; a trained weight is cast again whenever the optimizer has changed it. The output head,
+attention and norms stay bf16. torchao's float8 training (its "tensorwise" recipe) is the reference design.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_ALIGNMENT = 16  # `_scaled_mm` wants both dimensions of each operand divisible by 16
+SMALLEST_AMAX = 1e-12  # an all-zero tensor still gets a finite scale
+
+
+def _to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    largest = torch.finfo(dtype).max
+    amax = x.detach().abs().amax().float().clamp(min=SMALLEST_AMAX)
+    scale = largest / amax
+    return (x.float() * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()
+
+
+_compiled_to_fp8 = None
+
+
+def to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` in FP8 scaled so that its largest magnitude is the format's largest value, and the inverse scale
+    (fp32, a scalar) that `_scaled_mm` multiplies the product by. On CUDA the cast is compiled into a reduction
+    and one elementwise pass (eager, its fp32 temporaries would move five times the bytes); eager on the CPU."""
+    global _compiled_to_fp8
+    if x.device.type != "cuda":
+        return _to_fp8(x, dtype)
+    if _compiled_to_fp8 is None:
+        _compiled_to_fp8 = torch.compile(_to_fp8, dynamic=True)
+    return _compiled_to_fp8(x, dtype)
+
+
+def column_major(t: torch.Tensor) -> torch.Tensor:
+    """The same matrix laid out column by column (what `_scaled_mm` takes as its second operand)."""
+    return t.t().contiguous().t()
+
+
+class _WeightCast:
+    """A weight's FP8 copy (row-major, as the weight), cast again only when the weight changed (another storage,
+    or an in-place update since): one byte a parameter kept, where it is kept."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.w8: torch.Tensor | None = None
+        self.inverse_scale: torch.Tensor | None = None
+
+    def of(self, weight: torch.Tensor, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (weight.data_ptr(), weight._version)
+        if not keep or key != self.key:
+            self.w8, self.inverse_scale = to_fp8(weight, E4M3)
+            self.key = key if keep else None
+        assert self.w8 is not None and self.inverse_scale is not None
+        w8, inverse = self.w8, self.inverse_scale
+        if not keep:  # nothing held between calls
+            self.w8 = self.inverse_scale = None
+        return w8, inverse
+
+
+class _Float8Matmul(torch.autograd.Function):
+    """x (tokens, in) @ W^T (in, out) in FP8, bf16 out; gradients for x and, when it trains, W."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cast: _WeightCast, keep: bool) -> torch.Tensor:
+        x8, x_inverse = to_fp8(x, E4M3)
+        w8, w_inverse = cast.of(weight, keep)
+        out = torch._scaled_mm(x8, w8.t(), scale_a=x_inverse, scale_b=w_inverse, out_dtype=x.dtype)
+        ctx.save_for_backward(x8, x_inverse, w8, w_inverse)
+        ctx.weight_trains = weight.requires_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x8, x_inverse, w8, w_inverse = ctx.saved_tensors
+        g8, g_inverse = to_fp8(grad.contiguous(), E5M2)
+        grad_x = torch._scaled_mm(g8, column_major(w8), scale_a=g_inverse, scale_b=w_inverse, out_dtype=grad.dtype)
+        grad_w = None
+        if ctx.weight_trains:  # (out, tokens) @ (tokens, in)
+            grad_w = torch._scaled_mm(g8.t().contiguous(), column_major(x8), scale_a=g_inverse, scale_b=x_inverse,
+                                      out_dtype=grad.dtype)
+        return grad_x, grad_w, None, None
+
+
+class Float8Linear(torch.nn.Linear):
+    """An `nn.Linear` whose product runs in FP8 (PEFT adapts it as the Linear it is). `keep_frozen_cast`: keep a
+    frozen weight's FP8 copy between calls (where the weight is a plain tensor of its own, not a buffer FSDP
+    gathers into)."""
+
+    keep_frozen_cast = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(self, "_cast"):
+            self._cast = _WeightCast()
+        keep = self.keep_frozen_cast and not self.weight.requires_grad
+        flat = x.reshape(-1, x.shape[-1])
+        out = _Float8Matmul.apply(flat, self.weight, self._cast, keep)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def fp8_able(module: torch.nn.Linear) -> bool:
+    return module.in_features % FP8_ALIGNMENT == 0 and module.out_features % FP8_ALIGNMENT == 0
+
+
+def convert_blocks_to_fp8(blocks: list[torch.nn.Module], keep_frozen_cast: bool) -> int:
+    """Every linear layer of the decoder blocks whose shape FP8 products take, made a `Float8Linear` in place (its
+    parameters kept); returns how many."""
+    converted = 0
+    for block in blocks:
+        for module in block.modules():
+            if type(module) is torch.nn.Linear and fp8_able(module):
+                module.__class__ = Float8Linear
+                module.keep_frozen_cast = keep_frozen_cast
+                converted += 1
+    return converted

@@ -1,0 +1,95 @@
+"""FP8 in the spec and the plan: resources.precision (bf16, fp8) through the planner, which runs the blocks' linear
+products at the GPU's FP8 rate, adds their casts, refuses a GPU without FP8 tensor cores and says whether FP8
+pays; the runtime's job config; the plan of record; the rule against a 4-bit base (model and CEL)."""
+
+import pytest
+from pydantic import ValidationError
+
+from tunewright_core.crds import finetunejob_crd
+from tunewright_core.jobconfig import runtime_config
+from tunewright_core.plan_of_record import spec_hash, within_bounds
+from tunewright_core.planner import calibration
+from tunewright_core.planner.estimate import (
+    FP8_COPIES,
+    Layout,
+    Workload,
+    estimate,
+    fp8_cast_bytes,
+    fp8_linear_flops,
+    matmul_flops,
+)
+from tunewright_core.planner.hardware import GPUS, LINKS, Pool
+from tunewright_core.planner.jobs import plan_job
+from tunewright_core.planner.models import CATALOG
+from tunewright_core.planner.search import NoPlan
+from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
+from tunewright_jobs.config import JobConfig
+
+CAL, H200 = calibration.load()
+LLAMA_8B = CATALOG["meta-llama/Llama-3.1-8B"]
+ONE_H200 = Pool("h200", H200, 1, 1, LINKS["nvlink4"], None, 3.5, host_memory_gib=2048)
+
+
+def spec(precision: str | None = None, method_type: str = "lora", quantization: str = "none") -> FineTuneJobSpec:
+    return FineTuneJobSpec.model_validate({
+        "model": {"source": "m"}, "method": {"type": method_type, "lora": {"quantization": quantization}},
+        "dataset": {"train": "file-1"}, "hyperparameters": {"maxSteps": 100, "seqLen": 1024, "globalBatchSize": 8},
+        "resources": {"precision": precision} if precision else {}})
+
+
+def test_fp8_runs_the_blocks_linear_products_and_counts_their_casts():
+    layout = Layout("single", 1, 1, 8, 1, False)
+    bf16, fp8 = (Workload(LLAMA_8B, "lora", 1024, 8, 1, precision=p) for p in ("bf16", "fp8"))
+    linear = fp8_linear_flops(fp8, layout)
+    # forward and the input's gradient of every block weight, for 8 x 1024 tokens: the bulk of the products
+    assert linear == 8 * 1024 * 2 * LLAMA_8B.layers * LLAMA_8B.layer_linear_params * 2
+    assert 0.8 < linear / matmul_flops(fp8, layout) < 1 and fp8_linear_flops(bf16, layout) == 0
+    e_bf16, e_fp8 = estimate(bf16, layout, ONE_H200, CAL), estimate(fp8, layout, ONE_H200, CAL)
+    rate = H200.matmul_efficiency
+    assert e_bf16.matmul_seconds - e_fp8.matmul_seconds == pytest.approx(
+        linear / (H200.bf16_flops * rate) - linear / (H200.fp8_flops * rate), rel=1e-9)
+    assert fp8_cast_bytes(fp8, layout) > 0 and e_fp8.memory_bound_seconds > e_bf16.memory_bound_seconds
+    # LoRA on one GPU keeps its frozen blocks' FP8 casts: a byte a block weight, and no weight cast per step
+    assert e_fp8.memory_breakdown[FP8_COPIES] == LLAMA_8B.layers * LLAMA_8B.layer_linear_params
+    full = Workload(LLAMA_8B, "full", 1024, 8, 1, precision="fp8", optimizer_state="bf16")
+    assert FP8_COPIES not in estimate(full, layout, ONE_H200, CAL).memory_breakdown
+
+
+def test_the_plan_says_whether_fp8_pays_and_widens_its_band():
+    plan = plan_job(spec("fp8"), ONE_H200, CAL, LLAMA_8B)
+    assert plan.precision == "fp8"
+    assert "fp8: step" in plan.explanation and "with bf16 products on this layout, so it pays" in plan.explanation
+    assert "fp8 products (their rate and casts counted, not yet measured)" in plan.explanation
+    assert plan.predicted.step_seconds < plan_job(spec(), ONE_H200, CAL, LLAMA_8B).predicted.step_seconds
+
+
+def test_a_gpu_without_fp8_tensor_cores_is_refused():
+    a100 = Pool("a100", GPUS["A100-80GB"], 8, 1, LINKS["nvlink3"], None, 2.0)
+    with pytest.raises(NoPlan, match="the A100-80GB has no FP8 tensor cores"):
+        plan_job(spec("fp8"), a100, CAL, LLAMA_8B)
+
+
+def test_fp8_casts_bf16_weights_not_a_four_bit_base():
+    with pytest.raises(ValidationError, match="fp8 products cast bf16 weights, not a 4-bit base"):
+        spec("fp8", quantization="nf4")
+    rules = finetunejob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]
+    assert any("fp8 products cast bf16 weights" in r["message"] for r in rules)
+
+
+def test_the_plan_carries_fp8_into_the_runtime_config_and_bf16_leaves_it_as_it_was():
+    plan = plan_job(spec("fp8"), ONE_H200, CAL, LLAMA_8B)
+    emitted = runtime_config(spec("fp8"), plan, name="f", output_dir="/o", train="/t", validation=None)
+    assert JobConfig.from_dict(emitted).strategy.precision == "fp8"
+    bf16 = plan_job(spec(), ONE_H200, CAL, LLAMA_8B)
+    assert "precision" not in runtime_config(spec(), bf16, name="f", output_dir="/o", train="/t",
+                                             validation=None)["strategy"]
+    assert spec_hash(spec()) == spec_hash(FineTuneJobSpec.model_validate(spec().model_dump(by_alias=True)))
+    assert spec_hash(spec("fp8")) != spec_hash(spec())
+    pool = GPUPoolSpec.model_validate({"gpu": "H200", "gpusPerNode": 1, "maxNodes": 1, "intraNode": "nvlink4",
+                                       "pricePerGPUHour": 3.5, "workerImage": "w:1"})
+    for asked, planned, adopted in [("bf16", "bf16", True), ("bf16", "fp8", False), ("fp8", "fp8", True),
+                                    ("fp8", "bf16", False)]:
+        record = JobPlan(pool="p", strategy="single", workers=1, gpus=1, micro_batch=1, grad_accum=8,
+                         precision=planned, explanation="test")
+        assert within_bounds(record, spec(asked), "p", pool) is adopted, (asked, planned)
