@@ -7,4 +7,4 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export HF_HUB_OFFLINE=1
 python3 -c "import bitsandbytes, torch; print(bitsandbytes.__version__, torch.__version__)"
 mkdir -p $OUT
-python3 benchmarks/qlora_check.py --cases 8b --only 8b-lora-bf16 8b-qlora 8b-qlora-nocompile 8b-qlora-mb8-ac --out $OUT/qlora_8b.json 2>&1 | grep -v "Warning\|warn(" | tail -25
+python3 benchmarks/qlora_check.py --cases 8b --only 8b-lora-bf16 8b-qlora 8b-qlora-compiled 8b-qlora-mb8-ac --out $OUT/qlora_8b.json 2>&1 | grep -v "Warning\|warn(" | tail -25

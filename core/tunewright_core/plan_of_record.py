@@ -88,6 +88,7 @@ def within_bounds(plan: JobPlan, spec: FineTuneJobSpec, pool_name: str, pool: GP
             and (resources.max_gpus is None or plan.gpus <= resources.max_gpus)
             and resources.strategy in ("auto", plan.strategy)
             and plan.quantization in allowed_quantizations(spec)
+            and (plan.quantization == "none" or (plan.strategy in ("single", "ddp") and not plan.cpu_offload))
             and plan.optimizer_state in allowed_optimizer_states(spec)
             and plan.precision == spec.resources.precision
             and plan.shard_group >= 1 and plan.gpus % plan.shard_group == 0

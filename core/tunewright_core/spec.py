@@ -260,7 +260,7 @@ class CheckpointSpec(CamelModel):
     export_merged: bool = Field(
         default=False, description="LoRA: also export the base with the adapter folded in (a 4-bit base "
                                    "dequantized to bf16), for tools that cannot load an adapter; as large as the "
-                                   "model.")
+                                   "model, and written from the first worker's host memory, which must hold it.")
 
 
 class EvaluationSpec(CamelModel):

@@ -9,8 +9,10 @@ exact in expectation, so small updates accumulate as they would in fp32 (Gupta e
 Limited Numerical Precision"; Zamirai et al. 2020 for bf16 weights and moments).
 
 The arithmetic of a step is fp32 (AdamW's, as torch's: decoupled weight decay, bias-corrected moments); only
-what is stored is bf16. The random bits come from the device's global generator, which checkpoints save and
-restore with every rank's RNG.
+what is stored is bf16. It runs a chunk of each tensor at a time, so its fp32 temporaries stay small. The random
+bits of a parameter's update come from a generator seeded by (the job's seed, the step, the parameter's place):
+every replica of a parameter (DDP, HSDP) rounds it the same way and stays identical to the others, and a resumed
+run draws what an uninterrupted one would, with nothing to checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 
 ROUNDING_BITS = 16  # an fp32 keeps 16 more mantissa bits than a bf16
+CHUNK_ELEMENTS = 1 << 24  # per update: ~24 bytes of fp32 temporaries an element, ~400 MB at most
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -25,46 +28,58 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def stochastic_round_(target: torch.Tensor, value: torch.Tensor) -> None:
-    """`value` (fp32) into `target` (bf16), rounded to one of its two bf16 neighbours at random, the farther one
-    with probability the share of the gap `value` covers: random low bits added to the fp32 pattern carry into
-    the kept bits exactly that often, and truncation drops them."""
+def stochastic_round_(target: torch.Tensor, value: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """`value` (fp32, overwritten) into `target` (bf16), rounded to one of its two bf16 neighbours at random, the
+    farther one with probability the share of the gap `value` covers: random low bits added to the fp32 pattern
+    carry into the kept bits exactly that often, and truncation drops them. A NaN stays a NaN (its bits would
+    wrap), so that a diverged run still shows it."""
+    nan = value.isnan()
     bits = value.view(torch.int32)
-    noise = torch.randint(0, 1 << ROUNDING_BITS, value.shape, dtype=torch.int32, device=value.device)
+    noise = torch.randint(0, 1 << ROUNDING_BITS, value.shape, dtype=torch.int32, device=value.device,
+                          generator=generator)
     bits.add_(noise).bitwise_and_(-(1 << ROUNDING_BITS))  # the kept bits of value + noise, in place
-    target.copy_(value)  # exact: the dropped bits are zero
+    target.copy_(value.masked_fill_(nan, float("nan")))  # exact: the dropped bits are zero
 
 
 class Bf16AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update, for bf16 parameters and moments, stored with stochastic rounding."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
+                 weight_decay: float = 0.01, seed: int = 0):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        self.seed = seed
 
     @torch.no_grad()
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("Bf16AdamW takes no closure")
+        place = 0  # the parameter's index over the groups: the same on every rank
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
+                place += 1
                 if p.grad is None:
                     continue
                 if p.dtype != torch.bfloat16:
-                    raise TypeError(f"Bf16AdamW steps bf16 parameters, got {p.dtype}: load the model in bf16")
+                    raise TypeError(f"Bf16AdamW steps bf16 parameters, got a {tuple(p.shape)} one in {p.dtype}: "
+                                    "hyperparameters.optimizer_state bf16 loads the model in bf16")
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                self._update(_local(p), _local(p.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
-                             float(state["step"]), group["lr"], beta1, beta2, group["eps"], group["weight_decay"])
+                step = float(state["step"])
+                generator = torch.Generator(device=_local(p).device)
+                generator.manual_seed(hash((self.seed, int(step), place)) & (2**63 - 1))
+                for chunk in zip(*(_local(t).view(-1).split(CHUNK_ELEMENTS)
+                                   for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])), strict=True):
+                    self._update(*chunk, step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                                 generator)
 
     @staticmethod
     def _update(p, grad, exp_avg, exp_avg_sq, step: float, lr: float, beta1: float, beta2: float, eps: float,
-                weight_decay: float) -> None:
+                weight_decay: float, generator: torch.Generator) -> None:
         g = grad.float()
         m = exp_avg.float().mul_(beta1).add_(g, alpha=1 - beta1)
         v = exp_avg_sq.float().mul_(beta2).addcmul_(g, g, value=1 - beta2)
@@ -73,6 +88,6 @@ class Bf16AdamW(torch.optim.Optimizer):
         if weight_decay:
             weights.mul_(1 - lr * weight_decay)
         weights.addcdiv_(m, denominator, value=-lr / (1 - beta1 ** step))
-        stochastic_round_(p, weights)
-        stochastic_round_(exp_avg, m)
-        stochastic_round_(exp_avg_sq, v)
+        stochastic_round_(p, weights, generator)
+        stochastic_round_(exp_avg, m, generator)
+        stochastic_round_(exp_avg_sq, v, generator)

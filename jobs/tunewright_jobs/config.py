@@ -320,6 +320,9 @@ class JobConfig(_Strict):
         if self.strategy.precision == "fp32":
             raise ValueError("strategy.precision: bf16 weights compute in bf16, not fp32: set precision: auto or "
                              "bf16, or hyperparameters.optimizer_state: fp32")
+        if self.model.dtype == "float32":
+            raise ValueError("model.dtype: optimizer_state bf16 holds the weights in bf16, not float32: set dtype: "
+                             "auto, or hyperparameters.optimizer_state: fp32")
 
     def _quantized_base_fits_the_layout(self) -> None:
         if self.method.lora.quantization == "none":

@@ -48,19 +48,30 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
         save_generation_files(staging / "adapter", tokenizer, generation)
         exported.append("adapter")
         if cfg.checkpoint.export_merged:
-            if cfg.method.lora.quantization == "nf4":
-                merge_dequantized(cfg, model, state, staging / "merged")
-            else:
-                merge_adapter(cfg, staging / "adapter", staging / "merged")
+            try:
+                if cfg.method.lora.quantization == "nf4":
+                    merge_dequantized(cfg, model, state, staging / "merged")
+                else:
+                    merge_adapter(cfg, staging / "adapter", staging / "merged")
+            except Exception:  # the adapter is whole: publish it, then say what failed
+                shutil.rmtree(staging / "merged", ignore_errors=True)
+                publish(staging, final)
+                log.error("the merged export failed; the adapter is exported in %s", final / "adapter")
+                raise
             save_generation_files(staging / "merged", tokenizer, generation)
             exported.append("merged")
     else:
         model.save_pretrained(staging / "model", state_dict=state)
         save_generation_files(staging / "model", tokenizer, generation)
         exported.append("model")
+    publish(staging, final)
+    return ExportPaths(**{name: str(final / name) for name in exported})
+
+
+def publish(staging: Path, final: Path) -> None:
+    """The staged export in place of any earlier one."""
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
-    return ExportPaths(**{name: str(final / name) for name in exported})
 
 
 def stopping_generation_config(cfg: JobConfig, model, tokenizer):
@@ -109,53 +120,64 @@ def merge_adapter(cfg: JobConfig, adapter_dir: Path, out_dir: Path) -> None:
 def merge_dequantized(cfg: JobConfig, model, adapter: dict[str, torch.Tensor], out_dir: Path) -> None:
     """QLoRA's merged export: each 4-bit weight dequantized from the very codes training computed on (not re-read
     from the source and quantized again), plus its adapter's B·A·alpha/r added in fp32, saved in the dtype the
-    base computed in (bf16 on a GPU, fp32 on a CPU run)."""
+    base computed in (bf16 on a GPU, fp32 on a CPU run). Host memory: the whole model in that dtype."""
     from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
 
     from tunewright_jobs.model import weights_dtype
 
+    unmergeable = sorted({k.split(".lora_")[1].split(".")[0] for k in adapter if ".lora_" in k} - {"A", "B"})
+    if unmergeable:
+        raise ValueError(f"checkpoint.export_merged: the adapter holds lora_{', lora_'.join(unmergeable)} weights "
+                         "(an adapted embedding), which a 4-bit base's merge does not fold in: adapt linear layers "
+                         "only (method.lora.target_modules), or export the adapter alone")
     dtype = weights_dtype(cfg)
     base = model.get_base_model()
-    weights = dequantized_weights(base, dtype)
+    weights, four_bit = dequantized_weights(base, dtype)
     scale = cfg.method.lora.alpha / cfg.method.lora.r
     for name, a in adapter.items():  # ...q_proj.lora_A.default.weight, beside its lora_B
         if ".lora_A." not in name:
             continue
         module, adapter_name = name.removeprefix("base_model.model.").split(".lora_A.")
         b = adapter[f"base_model.model.{module}.lora_B.{adapter_name}"]
-        key = f"{module}.weight"
-        delta = (b.float() @ a.float()) * scale
-        if delta.shape != weights[key].shape:  # GPT-2's Conv1D keeps its weight as (in, out)
-            delta = delta.T
-        weights[key] = (weights[key].float() + delta).to(dtype)
+        key = f"{module}.weight"  # a 4-bit weight is (out, in), as B·A is
+        weights[key] = (weights[key].float() + (b.float() @ a.float()) * scale).to(dtype)
     config = copy.deepcopy(base.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     with torch.device("meta"):
         merged = AutoModelForCausalLM.from_config(config, dtype=dtype,
                                                   trust_remote_code=cfg.model.trust_remote_code)
+    for key in four_bit:  # GPT-2's Conv1D holds (in, out): its weight was transposed to be quantized
+        if isinstance(merged.get_submodule(key.rsplit(".", 1)[0]), Conv1D):
+            weights[key] = weights[key].t().contiguous()
     unexpected = merged.load_state_dict(weights, assign=True, strict=False).unexpected_keys
     merged.tie_weights()  # a tied head is no weight of its own: it becomes the embeddings' here
     missing = [name for name, p in merged.named_parameters() if p.is_meta]
     if missing or unexpected:
         raise RuntimeError(f"merged export: the dequantized base does not match its architecture (missing "
-                           f"{missing[:5]}, unexpected {unexpected[:5]})")
+                           f"{missing[:5]}, unexpected {unexpected[:5]}); the adapter is exported: load it with "
+                           "PEFT onto the base loaded in 4 bits")
     merged.save_pretrained(out_dir)
 
 
-def dequantized_weights(base, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def dequantized_weights(base, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], set[str]]:
     """The base model's weights by their own names (PEFT's `base_layer` and adapters left out), 4-bit ones
-    dequantized, on the CPU in `dtype`."""
+    dequantized, on the CPU in `dtype`; and the names of the 4-bit ones."""
     import bitsandbytes as bnb
     from bitsandbytes.functional import dequantize_4bit
 
-    weights = {}
+    weights, four_bit = {}, set()
     for module_name, module in base.named_modules():
         parts = module_name.split(".")
         if any(part.startswith("lora_") for part in parts):
             continue
         prefix = ".".join(part for part in parts if part != "base_layer")
         for name, p in module.named_parameters(recurse=False):
-            value = dequantize_4bit(p.data, p.quant_state) if isinstance(p, bnb.nn.Params4bit) else p.detach()
-            weights[f"{prefix}.{name}" if prefix else name] = value.to("cpu", dtype)
-    return weights
+            key = f"{prefix}.{name}" if prefix else name
+            if isinstance(p, bnb.nn.Params4bit):
+                weights[key] = dequantize_4bit(p.data, p.quant_state).to("cpu", dtype)
+                four_bit.add(key)
+            else:
+                weights[key] = p.detach().to("cpu", dtype)
+    return weights, four_bit

@@ -50,6 +50,7 @@ def load_model(cfg: JobConfig, device: torch.device = CPU):
     from transformers import AutoModelForCausalLM
 
     source, revision = cfg.weights_source
+    refuse_a_quantized_source_unasked(cfg, source, revision)
     placement = {}
     if cfg.method.lora.quantization == "nf4":
         placement = {"quantization_config": nf4_config(compute_dtype(cfg, device)), "device_map": {"": device}}
@@ -67,6 +68,20 @@ def load_model(cfg: JobConfig, device: torch.device = CPU):
     if cfg.method.type == "lora":
         model = apply_lora(cfg, model)
     return model
+
+
+def refuse_a_quantized_source_unasked(cfg: JobConfig, source: str, revision: str | None) -> None:
+    """A checkpoint saved in 4 bits (a `*-bnb-4bit` model) loads in 4 bits whatever is asked: where the job did not
+    ask for a 4-bit base, its plan (memory, strategy, export) would not be the run's."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=cfg.model.trust_remote_code)
+    quantized = getattr(config, "quantization_config", None) or {}
+    if not isinstance(quantized, dict):
+        quantized = quantized.to_dict()
+    if quantized.get("load_in_4bit") and cfg.method.lora.quantization != "nf4":
+        raise ValueError(f"model.source: {source} is saved in 4 bits (bitsandbytes): train it as a 4-bit base with "
+                         "method.type lora and method.lora.quantization nf4, or start from its bf16 checkpoint")
 
 
 def nf4_config(compute: torch.dtype):

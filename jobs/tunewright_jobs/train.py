@@ -99,7 +99,8 @@ def build_optimizer(cfg: JobConfig, params: list[torch.nn.Parameter]) -> torch.o
     groups = [{"params": decay, "weight_decay": cfg.hyperparameters.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     if cfg.hyperparameters.optimizer_state == "bf16":  # bf16 weights and moments, rounded stochastically
-        return Bf16AdamW(groups, lr=cfg.hyperparameters.learning_rate, betas=(0.9, 0.999))
+        return Bf16AdamW(groups, lr=cfg.hyperparameters.learning_rate, betas=(0.9, 0.999),
+                         seed=cfg.hyperparameters.seed)
     # One fused kernel per parameter group, which also clips (`clip_gradients`). Offloaded parameters (on the
     # host while the job's device is a GPU) take the foreach implementation.
     fused = not cfg.strategy.cpu_offload

@@ -116,3 +116,19 @@ def test_the_local_plan_refuses_to_shard_a_four_bit_base():
                                            "resources": {"strategy": "fsdp"}})
     with pytest.raises(ApiError, match="a 4-bit .nf4. base is not sharded"):
         cpu_plan(spec, workers=2)
+
+
+@pytest.mark.parametrize(("state", "planned"), [("bf16", "bf16"), ("auto", "fp32"), ("fp32", "fp32")])
+def test_the_local_plan_holds_the_optimizer_state_the_spec_asks_for(state, planned):
+    spec = FineTuneJobSpec.model_validate({"model": {"source": "m"}, "dataset": {"train": "file-1"},
+                                           "method": {"type": "full"}, "hyperparameters": {"optimizerState": state}})
+    plan = cpu_plan(spec, workers=2)
+    assert plan.optimizer_state == planned
+    assert ("bf16 weights and moments" in plan.explanation) is (planned == "bf16")
+
+
+def test_the_local_plan_refuses_fp8():
+    spec = FineTuneJobSpec.model_validate({"model": {"source": "m"}, "dataset": {"train": "file-1"},
+                                           "resources": {"precision": "fp8"}})
+    with pytest.raises(ApiError, match="fp8 products run on a GPU's FP8 tensor cores"):
+        cpu_plan(spec, workers=2)

@@ -5,7 +5,13 @@ import json
 
 import pytest
 
-from tunewright_core.plan_of_record import MAX_PLAN_CHARACTERS, adopted_plan, fingerprint, plan_annotation
+from tunewright_core.plan_of_record import (
+    MAX_PLAN_CHARACTERS,
+    adopted_plan,
+    fingerprint,
+    plan_annotation,
+    within_bounds,
+)
 from tunewright_core.spec import FineTuneJobSpec, GPUPoolSpec, JobPlan
 
 SPEC = FineTuneJobSpec.model_validate({
@@ -84,3 +90,29 @@ def test_host_memory_beyond_a_node_s_or_not_a_number_is_not_adopted():
     assert adopted_plan(plan_annotation(SPEC, "h100", POOL, greedy), SPEC, "h100", POOL) is None
     not_a_number = plan_annotation(SPEC, "h100", POOL, plan).replace('"stepSeconds": ', '"stepSeconds": NaN, "x": ', 1)
     assert "NaN" in not_a_number and adopted_plan(not_a_number, SPEC, "h100", POOL) is None
+
+
+# (spec field, its value, the plan's field, its value, adopted): each setting a plan must follow, auto either way
+FOLLOWED = [
+    ({"method": {"lora": {"quantization": q}}}, "quantization", planned, ok)
+    for q, planned, ok in [("none", "none", True), ("none", "nf4", False), ("nf4", "nf4", True),
+                           ("nf4", "none", False), ("auto", "nf4", True), ("auto", "none", True)]
+] + [
+    ({"method": {"type": "full"}, "hyperparameters": {"optimizerState": s}}, "optimizer_state", planned, ok)
+    for s, planned, ok in [("fp32", "fp32", True), ("fp32", "bf16", False), ("bf16", "bf16", True),
+                           ("bf16", "fp32", False), ("auto", "bf16", True), ("auto", "fp32", True)]
+] + [
+    ({"resources": {"precision": p}}, "precision", planned, ok)
+    for p, planned, ok in [("bf16", "bf16", True), ("bf16", "fp8", False), ("fp8", "fp8", True),
+                           ("fp8", "bf16", False)]
+]
+
+
+@pytest.mark.parametrize(("spec_part", "field", "planned", "adopted"), FOLLOWED)
+def test_a_plan_of_record_follows_the_specs_base_state_and_precision(spec_part, field, planned, adopted):
+    spec = FineTuneJobSpec.model_validate({"model": {"source": "m"}, "dataset": {"train": "file-1"}, **spec_part})
+    one_gpu = GPUPoolSpec.model_validate({"gpu": "H200", "gpusPerNode": 1, "maxNodes": 1, "intraNode": "nvlink4",
+                                          "pricePerGPUHour": 3.5, "workerImage": "w:1"})
+    plan = JobPlan(pool="p", strategy="single", workers=1, gpus=1, micro_batch=1, grad_accum=8,
+                   explanation="test", **{field: planned})
+    assert within_bounds(plan, spec, "p", one_gpu) is adopted

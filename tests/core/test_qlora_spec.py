@@ -93,13 +93,13 @@ def test_the_plan_carries_the_base_into_the_runtime_config():
                                                 validation=None)["method"]["lora"]
 
 
-@pytest.mark.parametrize(("asked", "planned", "adopted"), [
-    ("none", "none", True), ("none", "nf4", False), ("nf4", "nf4", True), ("nf4", "none", False),
-    ("auto", "nf4", True), ("auto", "none", True),
-])
-def test_a_plan_of_record_loads_the_base_the_spec_allows(asked, planned, adopted):
-    pool = GPUPoolSpec.model_validate({"gpu": "H200", "gpusPerNode": 1, "maxNodes": 1, "intraNode": "nvlink4",
+@pytest.mark.parametrize(("strategy", "offload", "adopted"), [
+    ("single", False, True), ("ddp", False, True), ("fsdp", False, False), ("single", True, False)])
+def test_a_plan_of_record_never_shards_nor_offloads_a_four_bit_base(strategy, offload, adopted):
+    pool = GPUPoolSpec.model_validate({"gpu": "H200", "gpusPerNode": 2, "maxNodes": 1, "intraNode": "nvlink4",
                                        "pricePerGPUHour": 3.5, "workerImage": "w:1"})
-    plan = JobPlan(pool="p", strategy="single", workers=1, gpus=1, micro_batch=1, grad_accum=16,
-                   quantization=planned, explanation="test")
-    assert within_bounds(plan, spec(asked), "p", pool) is adopted
+    gpus = 1 if strategy == "single" else 2
+    plan = JobPlan(pool="p", strategy=strategy, workers=gpus, gpus=gpus, micro_batch=1, grad_accum=16 // gpus,
+                   shard_group=gpus if strategy == "fsdp" else 1, cpu_offload=offload, quantization="nf4",
+                   explanation="test")
+    assert within_bounds(plan, spec("auto"), "p", pool) is adopted

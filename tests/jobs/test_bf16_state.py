@@ -58,7 +58,43 @@ def test_a_step_is_adamws_to_bf16s_resolution():
     spacing = reference.detach().abs() * 2.0 ** -7
     assert ((ours.float() - reference).abs() <= spacing + 1e-12).all()
     with pytest.raises(TypeError, match="steps bf16 parameters"):
-        Bf16AdamW([reference], lr=1e-2).step()
+        Bf16AdamW([reference], lr=1e-2).step()  # an fp32 parameter: the model was not loaded in bf16
+
+
+def test_replicas_round_alike_whatever_their_own_generators_hold():
+    """DDP and HSDP reseed each rank's generator apart (dropout): the rounding's bits come from (seed, step,
+    parameter), so every replica of a weight steps to the same bf16 value."""
+    weights, gradient = torch.randn(300, 70), torch.randn(300, 70)
+    replicas = []
+    for rank in range(2):
+        torch.manual_seed(1000 + rank)
+        p = torch.nn.Parameter(weights.bfloat16())
+        optimizer = Bf16AdamW([p], lr=1e-3, seed=42)
+        for _ in range(3):
+            p.grad = gradient.bfloat16()
+            optimizer.step()
+        replicas.append(p.detach().clone())
+    assert replicas[0].equal(replicas[1])
+
+
+def test_a_tensor_larger_than_a_chunk_steps_as_one(monkeypatch):
+    from tunewright_jobs import bf16_adamw
+
+    weights, gradient = torch.randn(64, 64), torch.randn(64, 64)
+    stepped = {}
+    for chunk in (1 << 24, 1000):  # one piece, and five
+        monkeypatch.setattr(bf16_adamw, "CHUNK_ELEMENTS", chunk)
+        p = torch.nn.Parameter(weights.bfloat16())
+        p.grad = gradient.bfloat16()
+        Bf16AdamW([p], lr=1e-2, seed=1).step()
+        stepped[chunk] = p.detach().float()
+    spacing = torch.maximum(stepped[1000].abs(), stepped[1 << 24].abs()) * 2.0 ** -7
+    assert ((stepped[1000] - stepped[1 << 24]).abs() <= spacing + 1e-12).all()  # a neighbour apart at most
+
+
+def test_a_nan_stays_a_nan():
+    value = torch.tensor([1.0, float("nan"), -2.5, float("inf")])
+    assert rounded(value).float().isnan().tolist() == [False, True, False, False]
 
 
 @pytest.fixture(scope="module")

@@ -82,6 +82,48 @@ def test_the_merged_export_is_the_dequantized_base_with_the_adapter_folded_in(ql
     assert (base - want).abs().max().item() > 5 * (got - want).abs().max().item()
 
 
+def test_gpt2s_conv1d_layers_merge_as_they_compute(tiny_models, tmp_path):
+    """GPT-2 keeps its weights as (in, out) (Conv1D); transformers quantizes them transposed, so the merged
+    export turns them back, square ones (attn.c_proj) included."""
+    cfg = make_config(tiny_models["gpt2"], tmp_path, method={"lora": {"quantization": "nf4"}},
+                      hyperparameters={"max_steps": 5}, checkpoint={"export_merged": True})
+    result = train_without_ray(cfg)
+    merged = AutoModelForCausalLM.from_pretrained(result["export"]["merged"]).eval()
+    adapter = PeftModel.from_pretrained(four_bit_base(tiny_models["gpt2"]), result["export"]["adapter"]).eval()
+    ids = torch.tensor([[5, 17, 33, 101, 7, 64, 12]])
+    with torch.no_grad():
+        want, got = adapter(ids).logits, merged(ids).logits
+    assert (got - want).abs().max().item() < MERGED_LOGITS_TOLERANCE * want.std().item()
+
+
+def test_a_failed_merge_still_publishes_the_adapter(tiny_models, tmp_path, monkeypatch):
+    from tunewright_jobs import export
+
+    def fails(*args):
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(export, "merge_dequantized", fails)
+    cfg = make_config(tiny_models["llama"], tmp_path, method={"lora": {"quantization": "nf4"}},
+                      hyperparameters={"max_steps": 2}, checkpoint={"export_merged": True})
+    with pytest.raises(RuntimeError, match="no room"):
+        train_without_ray(cfg)
+    final = tmp_path / "final"
+    assert (final / "adapter" / "adapter_model.safetensors").exists() and not (final / "merged").exists()
+    assert not (tmp_path / "final.partial").exists()
+
+
+def test_a_checkpoint_saved_in_four_bits_trains_as_a_four_bit_base_only(tiny_models, tmp_path):
+    from tunewright_jobs.model import load_model
+
+    saved = tmp_path / "llama-bnb-4bit"
+    four_bit_base(tiny_models["llama"]).save_pretrained(saved)
+    AutoTokenizer.from_pretrained(tiny_models["llama"]).save_pretrained(saved)
+    with pytest.raises(ValueError, match="is saved in 4 bits .bitsandbytes.: train it as a 4-bit base"):
+        load_model(make_config(saved, tmp_path / "bf16"))
+    model = load_model(make_config(saved, tmp_path / "nf4", method={"lora": {"quantization": "nf4"}}))
+    assert sum(isinstance(m, bnb.nn.Linear4bit) for m in model.modules()) == 7 * model.config.num_hidden_layers
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"method": {"type": "full", "lora": {"quantization": "nf4"}}}, "method.type full trains every weight"),
     ({"strategy": {"type": "fsdp"}}, "strategy.type: a 4-bit (nf4) base is not sharded"),

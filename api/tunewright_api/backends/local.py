@@ -126,12 +126,16 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
     if nf4 and strategy not in ("single", "ddp"):
         raise ApiError(422, f"a 4-bit (nf4) base is not sharded: strategy {strategy} cannot hold it; use auto, single "
                             "or ddp, or method.lora.quantization none", "resources.strategy", "invalid_value")
+    # bf16 weights and moments where the spec asks for them; auto keeps fp32 masters, as for the base above
+    light = spec.method.type == "full" and spec.hyperparameters.optimizer_state == "bf16"
     why = (f"local pool: {strategy} on {workers} CPU worker{'s' if workers > 1 else ''} (Ray, gloo), micro-batch "
            f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step"
-           f"{', the base in 4-bit NF4 (QLoRA)' if nf4 else ''}")
+           f"{', the base in 4-bit NF4 (QLoRA)' if nf4 else ''}"
+           f"{', bf16 weights and moments (stochastic rounding)' if light else ''}")
     return JobPlan(pool=POOL, device="cpu", strategy=strategy, workers=workers, gpus=0, micro_batch=micro,
                    grad_accum=per_worker // micro, shard_group=workers if strategy == "fsdp" else 1,
-                   quantization="nf4" if nf4 else "none", explanation=why)
+                   quantization="nf4" if nf4 else "none", optimizer_state="bf16" if light else "fp32",
+                   explanation=why)
 
 
 class LocalBackend:

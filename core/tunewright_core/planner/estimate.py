@@ -43,9 +43,9 @@ from tunewright_core.planner.models import ModelProfile
 
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
 # bf16_adamw's step in eager torch, by count of its kernels' reads and writes per element: widening the gradient,
-# moments and weights to fp32 (6 each), the moments' and the update's arithmetic (74), three stochastic roundings
-# (34 each: random bits, add, mask, narrowing)
-BF16_STATE_ADAMW_BYTES_PER_PARAM = 214
+# both moments and the weight to fp32 (6 each: 24), the moments' and the update's arithmetic (9 passes: 88), three
+# stochastic roundings (44 each: NaN mask, random bits, add, mask, NaN kept, narrowing)
+BF16_STATE_ADAMW_BYTES_PER_PARAM = 24 + 88 + 3 * 44
 # an FP8 cast compiled into a reduction (amax: read 2) and one pass (read 2, write 1)
 FP8_CAST_BYTES = 5
 BF16, FP32 = 2, 4

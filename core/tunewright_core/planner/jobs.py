@@ -171,16 +171,23 @@ def plan_job(spec: FineTuneJobSpec, pool: Pool, calibration: Calibration, profil
             raise NoPlan(f"{refused}; with {what}: {err}") from None
         return usual.model_copy(update={"explanation": f"{usual.explanation} auto kept the usual precision, as "
                                                        f"{what} fits no better: {err}"})
-    return lighter_plan.model_copy(update={"explanation": f"{lighter_plan.explanation} {trade(usual, lighter_plan)}"})
+    if lighter_plan.cpu_offload and usual is not None:  # its quality cost would buy no offload saved
+        return usual.model_copy(update={"explanation": f"{usual.explanation} auto kept the usual precision: "
+                                                       f"{what} would need CPU offload too."})
+    return lighter_plan.model_copy(update={"explanation": f"{lighter_plan.explanation} "
+                                                          f"{trade(usual, lighter_plan, refused)}"})
 
 
-def trade(usual: JobPlan | None, light: JobPlan) -> str:
-    """Why auto chose the lighter workload: what the usual one would need, against what the lighter costs."""
+def trade(usual: JobPlan | None, light: JobPlan, refused: str = "") -> str:
+    """Why auto chose the lighter workload: what the usual one would need (or why it had no plan: `refused`),
+    against what the lighter costs."""
     assert light.predicted is not None, "planned on a GPU pool"
     nf4 = light.quantization == "nf4"
     precision = "a bf16 base fits" if nf4 else "fp32 master weights fit"
     if usual is None or usual.predicted is None:
-        instead = f"{precision} no layout allowed, even with CPU offload"
+        instead = f"{'a bf16 base' if nf4 else 'fp32 master weights'} had no plan ({refused})"
+        if light.cpu_offload:
+            instead += f"; {'the 4-bit base' if nf4 else 'bf16 state'} fits only with CPU offload too"
     else:
         instead = (f"{precision} only with CPU offload ({usual.gpus} GPU{'s' if usual.gpus != 1 else ''}, "
                    f"step {usual.predicted.step_seconds:.2f} s, {usual.predicted.host_memory_gib_per_node:.0f} GiB "
