@@ -31,9 +31,10 @@ def kit_dir(tmp_path, tiny_models, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.slow  # trains three short jobs
+@pytest.mark.slow  # trains four short jobs
 def test_the_local_examples_run(server, kit_dir, capsys):
-    assert [p.name for p in LOCAL] == ["forced-strategy.yaml", "full-finetune.yaml", "lora-chat.yaml"]
+    assert [p.name for p in LOCAL] == ["forced-strategy.yaml", "full-finetune.yaml", "lora-chat.yaml",
+                                       "qlora-chat.yaml"]
     with server.client() as admin:
         token = admin.post("/v1/tokens", json={"tenant": "examples"}).json()["token"]
     for example in LOCAL:
