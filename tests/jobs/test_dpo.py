@@ -368,6 +368,23 @@ def test_a_run_learns_the_preferred_style(tiny_models, tmp_path):
     assert metrics(cfg, "start")[0].train_examples == 96
 
 
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_a_resumed_run_continues_exactly(tiny_models, tmp_path, method):
+    """Stopped after 3 steps and resumed to 6 from its checkpoint: the same losses and rewards as 6 steps in one
+    go (full fine-tuning's frozen reference is the model as it started, not as the checkpoint left it)."""
+    def config(out: Path, steps: int, storage: Path):
+        return dpo_config(tiny_models["llama"], out, style_pairs(48, seed=0), method={"type": method},
+                          hyperparameters={"max_steps": steps, "lr_schedule": "constant", "learning_rate": 5e-3},
+                          checkpoint={"storage": str(storage)})
+    train_without_ray(config(tmp_path / "first", 3, tmp_path / "ckpt"))
+    resumed = config(tmp_path / "resumed", 6, tmp_path / "ckpt")
+    assert train_without_ray(resumed)["resumed_from_step"] == 3
+    straight = config(tmp_path / "straight", 6, tmp_path / "straight-ckpt")
+    train_without_ray(straight)
+    for field in ("loss", "reward_margin", "preference_accuracy"):
+        assert [getattr(r, field) for r in metrics(resumed)] == [getattr(r, field) for r in metrics(straight)][3:]
+
+
 def test_sft_records_carry_no_preference_fields(tiny_models, tmp_path):
     cfg = make_config(tiny_models["gpt2"], tmp_path, hyperparameters={"max_steps": 1}, eval={"max_batches": 1},
                       checkpoint={"final": False}, metrics={"profile": {"enabled": False}})
