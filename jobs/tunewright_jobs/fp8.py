@@ -103,8 +103,12 @@ class Float8Linear(torch.nn.Linear):
         if not hasattr(self, "_cast"):
             self._cast = _WeightCast()
         keep = self.keep_frozen_cast and not self.weight.requires_grad
-        flat = x.reshape(-1, x.shape[-1])
-        out = _Float8Matmul.apply(flat, self.weight, self._cast, keep)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        tokens = flat.shape[0]
+        # `_scaled_mm` takes whole tiles of 16 rows (an evaluation batch, a generated token may leave fewer): zero
+        # rows added change no scale and no product, and are cut from the result
+        padded = torch.nn.functional.pad(flat, (0, 0, 0, -tokens % FP8_ALIGNMENT))
+        out = _Float8Matmul.apply(padded, self.weight, self._cast, keep)[:tokens]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -52,15 +52,26 @@ def test_products_and_gradients_are_the_bf16_ones_to_fp8s_rounding():
     torch.testing.assert_close(converted.bias.grad, reference.bias.grad)  # the bias adds in bf16
 
 
+def test_a_number_of_tokens_off_the_16_row_tiles_is_padded_and_cut():
+    """One generated token, an evaluation batch of odd length: the product takes whole tiles of 16 rows."""
+    converted, reference = pair()
+    for tokens in (1, 15, 17):
+        x = torch.randn(tokens, 64, dtype=torch.bfloat16, requires_grad=True)
+        out = converted(x)
+        assert out.shape == (tokens, 96) and relative(out, reference(x)) < FORWARD_TOLERANCE
+        out.sum().backward()
+        assert x.grad.shape == (tokens, 64)
+
+
 def test_a_frozen_weight_is_cast_once_and_again_when_it_changes(monkeypatch):
     casts = []
     original = fp8.to_fp8
     monkeypatch.setattr(fp8, "to_fp8", lambda t, dtype: casts.append(tuple(t.shape)) or original(t, dtype))
     frozen, _ = pair(trains=False)
-    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    x = torch.randn(16, 64, dtype=torch.bfloat16)
     for _ in range(3):
         frozen(x)
-    assert casts.count((96, 64)) == 1 and casts.count((8, 64)) == 3  # the weight once, each input each time
+    assert casts.count((96, 64)) == 1 and casts.count((16, 64)) == 3  # the weight once, each input each time
     with torch.no_grad():
         frozen.weight.mul_(2)  # an in-place update: another version
     again = frozen(x)
