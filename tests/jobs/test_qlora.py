@@ -4,7 +4,6 @@ base dequantized, the adapter folded in, bf16) computes what adapter-on-4-bit co
 
 import re
 
-import bitsandbytes as bnb
 import pytest
 import torch
 from peft import PeftModel
@@ -18,6 +17,7 @@ from tunewright_jobs.parallel import Dist
 from tunewright_jobs.run import train_without_ray
 from tunewright_jobs.train import preflight
 
+bnb = pytest.importorskip("bitsandbytes", reason="the jobs extra installs it; a GPU image may lack it")
 CPU = Dist(0, 1, 0, torch.device("cpu"))
 # A CPU run computes in fp32, and its merged export is fp32: it differs from adapter-on-4-bit by the order of the
 # sums alone (3e-5 measured). A GPU run's export is bf16, which rounds each weight by up to 2^-9 of itself: on
