@@ -78,8 +78,9 @@ function methodOf(job) {
   const quantization = (job.plan && job.plan.quantization) || (method.lora && method.lora.quantization);
   const lora = quantization === "nf4" ? "QLoRA (4-bit NF4 base)" : "LoRA";
   const light = job.plan && job.plan.optimizerState === "bf16" ? " (bf16 weights and moments)" : "";
-  const weights = method.type === "lora" ? `${lora} r${(method.lora && method.lora.r) || 16}`
-    : method.type ? `${method.type}${light}` : dash;
+  const fp8 = job.plan && job.plan.precision === "fp8" ? " · FP8 products" : "";
+  const weights = (method.type === "lora" ? `${lora} r${(method.lora && method.lora.r) || 16}`
+    : method.type ? `${method.type}${light}` : dash) + fp8;
   // the objective beside it where it is not the default (sft): DPO and its beta
   return method.objective === "dpo" ? `${weights} · DPO β ${(method.dpo && method.dpo.beta) ?? 0.1}` : weights;
 }
