@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict
 from pydantic import Field as PydanticField
 from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, Session, SQLModel
 
 from tunewright_api.telemetry import measured, progress
@@ -18,6 +19,35 @@ from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry, Printable
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+class ModelJSON(TypeDecorator):
+    """A JSON column holding one pydantic model: written in its wire form (camelCase), read back as the model.
+    A new value is assigned, never mutated in place (the column sees assignments only)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, model: type[BaseModel]):
+        super().__init__()
+        self.model = model
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return None
+        return self.model.model_validate(value).model_dump(by_alias=True, mode="json", exclude_none=True)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else self.model.model_validate(value)
+
+
+class ClusterRef(BaseModel):
+    """Where a job's FineTuneJob is (the kubernetes backend), and what the API last saw of it."""
+
+    namespace: str
+    name: str
+    reason: str | None = None  # the condition's reason the API last recorded
+    missed: int = 0  # consecutive listings without it
 
 
 def new_id(prefix: str) -> str:
@@ -115,7 +145,7 @@ class Job(SQLModel, table=True):
     status: str = Field(default="queued", index=True)
     model: str
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
-    plan: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # a JobPlan, camelCase
+    plan: JobPlan | None = Field(default=None, sa_column=Column(ModelJSON(JobPlan)))
     config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     error_code: str | None = None
@@ -135,12 +165,7 @@ class Job(SQLModel, table=True):
     telemetry_token_hash: str = ""
     run_dir: str = ""
     pid: int | None = None
-    # kubernetes backend: its FineTuneJob {namespace, name, phase, reason}, as last seen
-    cluster: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-
-    @property
-    def job_plan(self) -> JobPlan | None:
-        return JobPlan.model_validate(self.plan) if self.plan else None
+    cluster: ClusterRef | None = Field(default=None, sa_column=Column(ModelJSON(ClusterRef)))  # kubernetes backend
 
     def progress(self) -> JobProgress:
         return progress(self.status, self.step, self.total_steps, self.loss, self.tokens_per_second,
@@ -172,7 +197,7 @@ class JobPublic(SQLModel):
     @classmethod
     def of(cls, job: Job) -> JobPublic:
         error = {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
-        plan = job.job_plan
+        plan = job.plan
         return cls(id=job.id, status=job.status, model=job.model, created_at=job.created_at,
                    started_at=job.started_at, finished_at=job.finished_at, spec=job.spec, plan=plan,
                    progress=job.progress(), telemetry=job.telemetry(plan), result=job.result, error=error)

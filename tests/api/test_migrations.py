@@ -77,7 +77,7 @@ def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
             connection.execute(point, {"step": step, "data": json.dumps({"loss": loss})})
     migrate(engine)
     with Session(engine) as session:
-        gpu, cpu = session.get(Job, "ftjob-gpu").job_plan, session.get(Job, "ftjob-cpu").job_plan
+        gpu, cpu = session.get(Job, "ftjob-gpu").plan, session.get(Job, "ftjob-cpu").plan
         points = session.exec(select(MetricPoint).order_by(MetricPoint.step)).all()
     engine.dispose()
     assert [(p.step, p.data["loss"]) for p in points] == [(1, 2.0), (2, 1.4)]  # the latest of a step kept

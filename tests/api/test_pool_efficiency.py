@@ -81,7 +81,7 @@ def test_a_window_teaches_an_opted_in_pool_its_efficiency_and_the_next_plan_uses
         session.flush()
         before = plan_on(spec=spec, profile=profile, pool=pool_of(pool), dataset_tokens=None, spec_param=None)
         p = before.predicted
-        job = Job(tenant_id=tenant.id, model="llama-8b", spec=SPEC, plan=before.model_dump(by_alias=True))
+        job = Job(tenant_id=tenant.id, model="llama-8b", spec=SPEC, plan=before)
         session.add(job)
         session.flush()
         # the compute took twice the prediction; the profiler's own cost is left out of the step
@@ -139,7 +139,7 @@ def test_a_gpupool_that_learns_keeps_its_efficiency_in_its_status_and_the_next_p
     assert "no run measured a L40S" in before.predicted.band.basis
     p = before.predicted
     compute = p.matmul_seconds + p.memory_bound_seconds
-    job = Job(id="ftjob-l40s", tenant_id="t", model="llama-8b", spec=job_spec, plan=before.model_dump(by_alias=True))
+    job = Job(id="ftjob-l40s", tenant_id="t", model="llama-8b", spec=job_spec, plan=before)
     said = [backend.learn_efficiency(None, job, p.step_seconds + compute, p.exposed_comm_seconds, at)
             for at in range(1, LEARNED_ENOUGH + 1)]
     again = backend.learn_efficiency(None, job, p.step_seconds + compute, p.exposed_comm_seconds, LEARNED_ENOUGH)

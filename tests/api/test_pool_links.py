@@ -66,7 +66,7 @@ def test_a_window_teaches_an_opted_in_pool_its_link_and_the_next_plan_uses_it(tm
         session.flush()
         before = plan_on(spec=spec, profile=profile, pool=pool_of(pool), dataset_tokens=None, spec_param=None)
         assert before.nodes > 1 and before.predicted.comm_seconds > 0
-        job = Job(tenant_id=tenant.id, model="llama-70b", spec=SPEC, plan=before.model_dump(by_alias=True))
+        job = Job(tenant_id=tenant.id, model="llama-70b", spec=SPEC, plan=before)
         session.add(job)
         session.flush()
         # the collectives took twice the predicted time, a fifth of it waiting for the slowest rank
@@ -115,7 +115,7 @@ def test_a_gpupool_that_learns_keeps_its_links_in_its_status_and_the_next_plan_u
     spec = FineTuneJobSpec.model_validate(SPEC)
     profile = profile_for(spec.model.source, param="model.source")
     before = plan_on(spec=spec, profile=profile, pool=backend.pool("eth4x8"), dataset_tokens=None, spec_param=None)
-    job = Job(id="ftjob-gpupool", tenant_id="t", model="llama-70b", spec=SPEC, plan=before.model_dump(by_alias=True))
+    job = Job(id="ftjob-gpupool", tenant_id="t", model="llama-70b", spec=SPEC, plan=before)
     comm = 2 * before.predicted.comm_seconds  # all transfer: the link gave half what it declares
     said = backend.learn_links(None, job, comm, 1e9)
     status = cluster.get("GPUPool", None, "eth4x8").get("status") or {}
@@ -154,14 +154,14 @@ def test_a_gpupool_that_cannot_be_written_costs_the_window_never_the_telemetry(e
     spec = FineTuneJobSpec.model_validate(SPEC)
     plan = plan_on(spec=spec, profile=profile_for(spec.model.source, param="model.source"),
                    pool=backend.pool("eth4x8"), dataset_tokens=None, spec_param=None)
-    job = Job(id="ftjob-denied", tenant_id="t", model="llama-70b", spec=SPEC, plan=plan.model_dump(by_alias=True))
+    job = Job(id="ftjob-denied", tenant_id="t", model="llama-70b", spec=SPEC, plan=plan)
 
     def forbidden(*args):
         raise KubernetesError(403, "PATCH", "/apis/tunewright.dev/v1alpha1/gpupools/eth4x8/status", "forbidden")
     monkeypatch.setattr(cluster, "patch_status", forbidden)
     assert backend.learn_links(None, job, plan.predicted.comm_seconds, 1e9) is None
     assert "pool eth4x8 did not learn from job ftjob-denied" in caplog.text
-    one_gpu = job.model_copy(update={"plan": plan.model_copy(update={"gpus": 1, "nodes": 1}).model_dump(by_alias=True)})
+    one_gpu = job.model_copy(update={"plan": plan.model_copy(update={"gpus": 1, "nodes": 1})})
     monkeypatch.setattr(cluster, "get", lambda *args: pytest.fail("a one-GPU job's window asks the cluster nothing"))
     assert backend.learn_links(None, one_gpu, 1.0, 1e9) is None
 

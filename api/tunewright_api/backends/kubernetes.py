@@ -29,7 +29,7 @@ from urllib3.exceptions import HTTPError as TransportError
 
 from tunewright_api.backends import AlreadyFinished, Planned, Ticker
 from tunewright_api.errors import ApiError
-from tunewright_api.models import Job, StoredFile, Tenant, add_event, now
+from tunewright_api.models import ClusterRef, Job, StoredFile, Tenant, add_event, now
 from tunewright_api.services.plans import (
     efficiency_learnt,
     learn_efficiency,
@@ -65,6 +65,7 @@ from tunewright_core.spec import (
     FineTuneJobSpec,
     FineTuneJobStatus,
     GPUPoolSpec,
+    JobPlan,
     MeasuredEfficiency,
     MeasuredLinks,
 )
@@ -115,7 +116,7 @@ class Observed:
     status: str
     reason: str
     message: str
-    plan: dict | None
+    plan: JobPlan | None
     started: bool  # its RayJob exists: the spec can no longer change what runs
     started_at: datetime | None
     finished_at: datetime | None
@@ -138,7 +139,7 @@ def observed(ftj: dict) -> Observed:
         phase=status.phase, status=STATUS_OF_PHASE[phase],
         reason=condition.reason if condition else ("Submitted" if status.phase is None else phase),
         message=condition.message if condition else "waiting for the operator",
-        plan=status.plan.model_dump(by_alias=True, mode="json") if status.plan else None,
+        plan=status.plan,
         started=bool(status.ray_job_name), started_at=status.start_time, finished_at=status.completion_time,
         token_hash=(ftj["metadata"].get("annotations") or {}).get(TOKEN_HASH_ANNOTATION, ""))
 
@@ -188,7 +189,7 @@ class KubernetesBackend:
         """Fold a window's measured transfer into the GPUPool the job was planned on, where it learns its
         links: a merge patch of status.measuredLinks, which the operator's discovery leaves alone. Two
         windows folded at once may lose one of them (a running mean of 50: a small loss, no lock taken)."""
-        plan = job.job_plan
+        plan = job.plan
         if plan is None or not teaches(plan):
             return None
         try:
@@ -219,7 +220,7 @@ class KubernetesBackend:
                          at: float) -> str | None:
         """Fold a window's measured compute into the GPUPool the job was planned on, where it learns: a merge
         patch of status.measuredEfficiency (as learn_links does with status.measuredLinks)."""
-        plan = job.job_plan
+        plan = job.plan
         if plan is None or not learns_efficiency(plan):
             return None
         try:
@@ -268,7 +269,7 @@ class KubernetesBackend:
                                 "an administrator labels it to give it to this tenant", "tenant", "namespace_not_owned")
         self.cluster.create(finetunejob_for(job, spec, namespace, train, planned))
         job.telemetry_token_hash = ""  # until the operator annotates its token's hash
-        job.cluster = {"namespace": namespace, "name": job.id}
+        job.cluster = ClusterRef(namespace=namespace, name=job.id)
 
     def cancel(self, session: Session, job: Job) -> None:
         """Suspend (the RayJob stops at once and frees its GPUs), then delete the FineTuneJob (its finalizer
@@ -277,10 +278,9 @@ class KubernetesBackend:
             session.refresh(job)
             if job.status in TERMINAL:
                 raise AlreadyFinished(job.status)
-            where = job.cluster or {}
-            if where:
-                self.cluster.patch("FineTuneJob", where["namespace"], where["name"], {"spec": {"suspend": True}})
-                self.cluster.delete("FineTuneJob", where["namespace"], where["name"])
+            if where := job.cluster:
+                self.cluster.patch("FineTuneJob", where.namespace, where.name, {"spec": {"suspend": True}})
+                self.cluster.delete("FineTuneJob", where.namespace, where.name)
             job.status, job.finished_at = "cancelled", now()
             add_event(session, job, "cancelled by the user: the FineTuneJob was suspended and deleted")
             session.add(job)
@@ -289,22 +289,21 @@ class KubernetesBackend:
     def forget(self, job: Job) -> None:
         """Its FineTuneJob, if it is still there (the operator's finalizer cleans up what it made; its volume's
         checkpoints and export stay: the claim is the tenant's)."""
-        where = job.cluster or {}
-        if where:
-            self.cluster.delete("FineTuneJob", where["namespace"], where["name"])
+        if where := job.cluster:
+            self.cluster.delete("FineTuneJob", where.namespace, where.name)
 
     def logs(self, job: Job, lines: int) -> list[str]:
         """The Ray driver's output, from the head pod of the job's Ray cluster."""
-        where = job.cluster or {}
-        ftj = self.cluster.get("FineTuneJob", where["namespace"], where["name"]) if where else None
+        where = job.cluster
+        ftj = self.cluster.get("FineTuneJob", where.namespace, where.name) if where else None
         ray_job_name = ((ftj or {}).get("status") or {}).get("rayJobName")
-        ray_job = self.cluster.get("RayJob", where["namespace"], ray_job_name) if ray_job_name else None
+        ray_job = self.cluster.get("RayJob", where.namespace, ray_job_name) if ray_job_name else None
         ray_cluster = ((ray_job or {}).get("status") or {}).get("rayClusterName")
         if not ray_cluster:
             return []
-        heads = self.cluster.list("Pod", where["namespace"],
+        heads = self.cluster.list("Pod", where.namespace,
                                   label_selector=f"ray.io/cluster={ray_cluster},ray.io/node-type=head")
-        text = self.cluster.log(where["namespace"], heads[0]["metadata"]["name"], LOG_CONTAINER, lines) if heads else None
+        text = self.cluster.log(where.namespace, heads[0]["metadata"]["name"], LOG_CONTAINER, lines) if heads else None
         return (text or "").splitlines()[-lines:]
 
     # --- following the FineTuneJobs --------------------------------------------------------------------
@@ -336,18 +335,19 @@ class KubernetesBackend:
         with self._lock, Session(self.engine) as session:
             for job in session.exec(select(Job).where(Job.status.not_in(TERMINAL))).all():
                 if job.cluster:
-                    self._count_absence(session, job, (job.cluster["namespace"], job.cluster["name"]) in present)
+                    self._count_absence(session, job, (job.cluster.namespace, job.cluster.name) in present)
             session.commit()
 
     def _count_absence(self, session: Session, job: Job, present: bool) -> None:
-        missed = 0 if present else job.cluster.get("missed", 0) + 1
-        if missed != job.cluster.get("missed", 0):
-            job.cluster = {**job.cluster, "missed": missed}
+        assert job.cluster is not None, "called for jobs on the cluster"
+        missed = 0 if present else job.cluster.missed + 1
+        if missed != job.cluster.missed:
+            job.cluster = job.cluster.model_copy(update={"missed": missed})
             session.add(job)
         # the FineTuneJob is made before the job's row commits: a listing taken meanwhile lacks it
         if missed >= VANISHED_AFTER_SYNCS and now() - job.created_at > timedelta(seconds=VANISHED_AFTER_SECONDS):
             job.status, job.finished_at = "cancelled", now()
-            add_event(session, job, f"its FineTuneJob {job.cluster['namespace']}/{job.cluster['name']} was deleted",
+            add_event(session, job, f"its FineTuneJob {job.cluster.namespace}/{job.cluster.name} was deleted",
                       level="warning")
 
     def _follow(self, session: Session, tenant_name: str, ftj: dict) -> None:
@@ -377,16 +377,17 @@ class KubernetesBackend:
         if not seen.started:  # until it runs, the FineTuneJob's spec is the job's (kubectl may edit it)
             job.spec = spec
             job.model = str((spec.get("model") or {}).get("source", ""))[:1024]
-        job.cluster = {**(job.cluster or {}), "namespace": meta["namespace"], "name": meta["name"]}
+        job.cluster = (job.cluster or ClusterRef(namespace=meta["namespace"], name=meta["name"])).model_copy(
+            update={"namespace": meta["namespace"], "name": meta["name"]})
         if seen.token_hash:
             job.telemetry_token_hash = seen.token_hash
         if seen.plan:
             job.plan = seen.plan
-        if job.status not in TERMINAL and (seen.status, seen.reason) != (job.status, job.cluster.get("reason")):
+        if job.status not in TERMINAL and (seen.status, seen.reason) != (job.status, job.cluster.reason):
             level = "error" if seen.status == "failed" else "info"
             add_event(session, job, f"{seen.phase or 'Pending'} ({seen.reason}): {seen.message}", level=level)
             job.status = seen.status
-            job.cluster["reason"] = seen.reason
+            job.cluster = job.cluster.model_copy(update={"reason": seen.reason})
             if seen.status == "failed":
                 job.error_code, job.error_message = seen.reason, seen.message
         job.started_at = job.started_at or seen.started_at

@@ -176,7 +176,7 @@ def openai_job(job: Job) -> FineTuningJob:
         else None,
         seed=hp.get("seed"), estimated_finish=int(time.time() + eta) if eta is not None else None,
         metadata=job.job_metadata, user_provided_suffix=job.suffix,
-        tunewright=TunewrightExtras(plan=(plan := job.job_plan), progress=progress, telemetry=job.telemetry(plan)),
+        tunewright=TunewrightExtras(plan=(plan := job.plan), progress=progress, telemetry=job.telemetry(plan)),
     )
 
 

@@ -80,7 +80,7 @@ def prometheus(session: SessionDep, settings: SettingsDep,
         running = session.exec(select(Job, Tenant.name).join(Tenant, Tenant.id == Job.tenant_id)
                                .where(Job.status == "running")).all()
         latest = [({"job_id": job.id, "tenant": tenant},
-                   job_telemetry_latest(session, job, job.job_plan).model_dump(by_alias=True))
+                   job_telemetry_latest(session, job, job.plan).model_dump(by_alias=True))
                   for job, tenant in running]
         for name, help_text, key in RUNNING_JOB_GAUGES:
             lines += gauge(name, help_text, [(labels, values.get(key)) for labels, values in latest])

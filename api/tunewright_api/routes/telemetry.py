@@ -50,4 +50,4 @@ def summary(job_id: str, session: SessionDep, authorization: Annotated[str | Non
     """Progress and measured telemetry (what `tunewright get` shows), for the operator's FineTuneJob status."""
     job = telemetry.authenticated_job(session=session, job_id=job_id, token=bearer_token(authorization),
                                       finished_ok=True)
-    return JobSummary(status=job.status, progress=job.progress(), telemetry=job.telemetry(job.job_plan))
+    return JobSummary(status=job.status, progress=job.progress(), telemetry=job.telemetry(job.plan))

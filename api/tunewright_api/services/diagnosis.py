@@ -54,7 +54,7 @@ def observed(session: Session, job: Job) -> Observed:
 
 def job_diagnosis(*, session: Session, tenant: Tenant, job_id: str) -> Diagnosis:
     job = owned_job(session=session, tenant=tenant, job_id=job_id)
-    return diagnose(job.job_plan, observed(session, job))
+    return diagnose(job.plan, observed(session, job))
 
 
 def median_tokens_per_second(session: Session, job: Job) -> float | None:
@@ -92,7 +92,7 @@ def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> JobTeleme
     """The latest measured values beside the plan's, and their series: per logged step, per profiler window
     (communication and how busy the GPU was), and per evaluation (validation loss and accuracy)."""
     job = owned_job(session=session, tenant=tenant, job_id=job_id)
-    plan = job.job_plan
+    plan = job.plan
     predicted = plan.predicted if plan else None
     latest = job_telemetry_latest(session, job, plan)
     points = sampled_points(session, job.id, SERIES_POINTS)

@@ -95,7 +95,7 @@ def submit(*, session: Session, backend: Backend, tenant: Tenant, spec: FineTune
     plan = planned.plan
     telemetry_token = new_token()
     job = Job(tenant_id=tenant.id, model=spec.model.source, spec=spec.model_dump(by_alias=True, exclude_none=True),
-              plan=plan.model_dump(by_alias=True, mode="json"), telemetry_token_hash=hash_token(telemetry_token),
+              plan=plan, telemetry_token_hash=hash_token(telemetry_token),
               suffix=suffix, job_metadata=metadata)
     backend.submit(session, job, spec, planned, train, validation, telemetry_token)
     session.add(job)

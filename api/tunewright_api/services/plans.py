@@ -109,7 +109,7 @@ def pool_of(described: GpuPool) -> Pool:
 def learn_links(session: Session, job: Job, transfer_seconds: float, at: float) -> str | None:
     """Fold a profiler window's measured transfer time into the described pool the job was planned on,
     where that pool learns its links (opt-in); what was learnt, for the job's events."""
-    plan = job.job_plan
+    plan = job.plan
     if plan is None:
         return None
     pool = session.exec(select(GpuPool).where(GpuPool.name == plan.pool).with_for_update()).first()
@@ -128,7 +128,7 @@ def learn_efficiency(session: Session, job: Job, step_seconds: float, exposed_co
                      at: float) -> str | None:
     """Fold a profiler window's measured step (less its exposed communication) into the described pool the
     job was planned on, where that pool learns (learnLinks); what was learnt, for the job's events."""
-    plan = job.job_plan
+    plan = job.plan
     if plan is None or not learns_efficiency(plan):
         return None
     pool = session.exec(select(GpuPool).where(GpuPool.name == plan.pool).with_for_update()).first()
@@ -147,7 +147,7 @@ def efficiency_learnt(job: Job, pool_name: str, gpu: str, measured: dict | None,
                       exposed_comm_seconds: float, at: float) -> tuple[dict, str] | None:
     """A pool's measured efficiency with the job's window folded in, and what was learnt; None where the
     window teaches nothing (described pools and GPUPools alike)."""
-    plan = job.job_plan
+    plan = job.plan
     if plan is None or not learns_efficiency(plan):
         return None
     spec = FineTuneJobSpec.model_validate(job.spec)
