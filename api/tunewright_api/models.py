@@ -144,6 +144,7 @@ class Job(SQLModel, table=True):
     tenant_id: str = Field(foreign_key="tenant.id", index=True)
     status: str = Field(default="queued", index=True)
     model: str
+    # as written: a FineTuneJob made with kubectl may hold a spec the operator refuses, which the job still shows
     spec: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     plan: JobPlan | None = Field(default=None, sa_column=Column(ModelJSON(JobPlan)))
     config: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
