@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic import Field as PydanticField
 from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
@@ -15,6 +16,8 @@ from sqlmodel import Field, Session, SQLModel
 
 from tunewright_api.telemetry import measured, progress
 from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry, Printable
+
+log = logging.getLogger(__name__)
 
 
 def now() -> datetime:
@@ -38,11 +41,30 @@ class ModelJSON(TypeDecorator):
         return self.model.model_validate(value).model_dump(by_alias=True, mode="json", exclude_none=True)
 
     def process_result_value(self, value, dialect):
-        return None if value is None else self.model.model_validate(value)
+        """The stored model; a row this version cannot read (written by a newer one, say) reads as None, said in
+        the log, so that one row never stops the queries that load every job."""
+        if value is None:
+            return None
+        try:
+            return self.model.model_validate(value)
+        except ValidationError as err:
+            log.warning("a stored %s does not validate here (%s): read as none", self.model.__name__,
+                        str(err).splitlines()[0])
+            return None
+
+
+def render_for_alembic(type_, obj, autogen_context):
+    """How a generated migration writes a column type: a model-holding JSON column is JSON in the database."""
+    if type_ == "type" and isinstance(obj, ModelJSON):
+        return "sa.JSON()"
+    return False
 
 
 class ClusterRef(BaseModel):
-    """Where a job's FineTuneJob is (the kubernetes backend), and what the API last saw of it."""
+    """Where a job's FineTuneJob is (the kubernetes backend), and what the API last saw of it. Frozen: a change is
+    a new value (`model_copy(update=...)`), which the column sees."""
+
+    model_config = ConfigDict(frozen=True)
 
     namespace: str
     name: str

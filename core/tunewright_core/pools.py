@@ -182,8 +182,9 @@ def catalog_compute_seconds(plan: JobPlan, w: Workload, pool: Pool, cal: Calibra
 
 
 def learns_efficiency(plan: JobPlan) -> bool:
-    """Whether the profiler windows of a job so planned say anything of its pool's GPUs (any GPU count)."""
-    return plan.device == "gpu" and plan.gpus >= 1 and plan.predicted is not None
+    """Whether the profiler windows of a job so planned say anything of its pool's GPUs (any GPU count): not an
+    FP8 job's, whose products run at another rate than the bf16 one the pool's efficiency scales."""
+    return plan.device == "gpu" and plan.gpus >= 1 and plan.predicted is not None and plan.precision == "bf16"
 
 
 def learnt_efficiency(plan: JobPlan, pool_name: str, gpu: str, measured: dict | None, catalog_compute: float,

@@ -4,16 +4,21 @@ Each product casts its two operands to FP8 with one scale per tensor (the larges
 largest value) and multiplies them with `torch._scaled_mm` (Hopper's FP8 tensor cores: twice bf16's rate),
 accumulating in fp32 and writing bf16. Forward takes activations and weights in E4M3 (more mantissa); backward
 takes the output's gradient in E5M2 (more range): the input's gradient is E5M2 x E4M3 and, where the weight
-trains, the weight's gradient is E5M2 x E4M3 too. Activations are saved for backward in FP8, half their bf16 size.
+trains, the weight's gradient is E5M2 x E4M3 too; backward saves the input, in FP8, only for that gradient.
 
-A frozen weight (a LoRA base) is cast once and kept, with its transpose for backward, while its storage and
-version are unchanged; a trained weight is cast again whenever the optimizer has changed it. The output head,
-attention and norms stay bf16. torchao's float8 training (its "tensorwise" recipe) is the reference design.
+A frozen weight (a LoRA base, outside FSDP) is cast once and kept while its storage and version are unchanged (an
+edit through `.data` bumps no version: the cache is for weights nothing edits, as training's frozen base is); any
+other weight is cast in each forward and again in backward. The output head, attention and norms stay in the
+compute dtype, as do the adapters' products. torchao's float8 training ("tensorwise") is the reference design.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FP8_ALIGNMENT = 16  # `_scaled_mm` wants both dimensions of each operand divisible by 16
@@ -27,19 +32,25 @@ def _to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Te
     return (x.float() * scale).clamp(-largest, largest).to(dtype), scale.reciprocal()
 
 
-_compiled_to_fp8 = None
+_compiled_to_fp8: object = None  # the compiled cast; False once compiling failed
 
 
 def to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """`x` in FP8 scaled so that its largest magnitude is the format's largest value, and the inverse scale
     (fp32, a scalar) that `_scaled_mm` multiplies the product by. On CUDA the cast is compiled into a reduction
-    and one elementwise pass (eager, its fp32 temporaries would move five times the bytes); eager on the CPU."""
+    and one elementwise pass (eager, its fp32 temporaries would move five times the bytes), unless compiling
+    fails there (then eager, said once); eager on the CPU."""
     global _compiled_to_fp8
-    if x.device.type != "cuda":
+    if x.device.type != "cuda" or _compiled_to_fp8 is False:
         return _to_fp8(x, dtype)
     if _compiled_to_fp8 is None:
         _compiled_to_fp8 = torch.compile(_to_fp8, dynamic=True)
-    return _compiled_to_fp8(x, dtype)
+    try:
+        return _compiled_to_fp8(x, dtype)
+    except Exception as err:  # no Triton or C compiler on the worker: slower, not wrong
+        log.warning("fp8: compiling the casts failed (%s); they run eager", str(err).splitlines()[0][:200])
+        _compiled_to_fp8 = False
+        return _to_fp8(x, dtype)
 
 
 def column_major(t: torch.Tensor) -> torch.Tensor:
@@ -75,14 +86,22 @@ class _Float8Matmul(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cast: _WeightCast, keep: bool) -> torch.Tensor:
         x8, x_inverse = to_fp8(x, E4M3)
         w8, w_inverse = cast.of(weight, keep)
-        out = torch._scaled_mm(x8, w8.t(), scale_a=x_inverse, scale_b=w_inverse, out_dtype=x.dtype)
-        ctx.save_for_backward(x8, x_inverse, w8, w_inverse)
-        ctx.weight_trains = weight.requires_grad
+        # forward accumulates fast (as torchao's forward does); the gradients' products accumulate exactly
+        out = torch._scaled_mm(x8, w8.t(), scale_a=x_inverse, scale_b=w_inverse, out_dtype=x.dtype,
+                               use_fast_accum=True)
+        ctx.weight_trains, ctx.kept = weight.requires_grad, keep
+        # Backward reads the input only for a trained weight's gradient; and the weight as cast where the cast is
+        # kept anyway, else the weight itself, cast again there: an FP8 copy held from forward to backward would be
+        # a whole unsharded weight per block, what FSDP's resharding saves.
+        ctx.save_for_backward(*((x8, x_inverse) if ctx.weight_trains else ()),
+                              *((w8, w_inverse) if keep else (weight,)))
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x8, x_inverse, w8, w_inverse = ctx.saved_tensors
+        saved = list(ctx.saved_tensors)
+        x8, x_inverse = (saved.pop(0), saved.pop(0)) if ctx.weight_trains else (None, None)
+        w8, w_inverse = (saved[0], saved[1]) if ctx.kept else to_fp8(saved[0], E4M3)
         g8, g_inverse = to_fp8(grad.contiguous(), E5M2)
         grad_x = torch._scaled_mm(g8, column_major(w8), scale_a=g_inverse, scale_b=w_inverse, out_dtype=grad.dtype)
         grad_w = None
@@ -107,8 +126,11 @@ class Float8Linear(torch.nn.Linear):
         tokens = flat.shape[0]
         # `_scaled_mm` takes whole tiles of 16 rows (an evaluation batch, a generated token may leave fewer): zero
         # rows added change no scale and no product, and are cut from the result
-        padded = torch.nn.functional.pad(flat, (0, 0, 0, -tokens % FP8_ALIGNMENT))
-        out = _Float8Matmul.apply(padded, self.weight, self._cast, keep)[:tokens]
+        if tokens % FP8_ALIGNMENT:
+            padded = torch.nn.functional.pad(flat, (0, 0, 0, -tokens % FP8_ALIGNMENT))
+            out = _Float8Matmul.apply(padded, self.weight, self._cast, keep)[:tokens]
+        else:
+            out = _Float8Matmul.apply(flat, self.weight, self._cast, keep)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

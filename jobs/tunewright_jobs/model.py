@@ -111,13 +111,15 @@ def use_fp8(cfg: JobConfig, model, device: torch.device) -> None:
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
         major, minor = torch.cuda.get_device_capability(device)
         raise ValueError(f"strategy.precision: fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, "
-                         f"Hopper, Blackwell); this {torch.cuda.get_device_name(device)} is {major}.{minor}: use "
-                         "precision auto")
+                         f"Hopper, Blackwell); this {torch.cuda.get_device_name(device)} is {major}.{minor}: set "
+                         "resources.precision bf16 in the spec (strategy.precision auto in a job config), or run on "
+                         "H100, H200, L40S or L4 GPUs")
     keep = cfg.method.type == "lora" and cfg.strategy.type in ("single", "ddp") and not cfg.strategy.cpu_offload
     converted = convert_blocks_to_fp8(transformer_blocks(model), keep_frozen_cast=keep)
     if not converted:
-        raise ValueError("strategy.precision: fp8 found no linear layer whose sizes are multiples of 16 in "
-                         f"{type(model).__name__}'s blocks: use precision auto")
+        raise ValueError(f"strategy.precision: fp8 replaces nn.Linear layers whose sizes are multiples of 16, and "
+                         f"{type(model).__name__}'s blocks have none (GPT-2's are Conv1D): set resources.precision "
+                         "bf16 in the spec (strategy.precision auto in a job config)")
     log.info("fp8: %d linear layers of the decoder blocks compute in FP8", converted)
 
 

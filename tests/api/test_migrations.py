@@ -85,3 +85,18 @@ def test_plans_stored_before_0004_become_job_plans(database_url, tmp_path):
     assert gpu.activation_checkpointing and gpu.predicted.peak_memory_gib == 30.5 and gpu.predicted.cost_usd == 0.26
     assert gpu.rejected[0].reason == "slower"
     assert (cpu.device, cpu.workers, cpu.gpus, cpu.predicted, cpu.micro_batch) == ("cpu", 2, 0, None, 4)
+
+
+def test_a_model_holding_column_reads_a_row_it_cannot_validate_as_none_and_renders_as_json(caplog):
+    """One row this version cannot read (written by another, say) never stops the queries that load every
+    job; a generated migration writes the column as JSON."""
+    from tunewright_api.models import ClusterRef, ModelJSON, render_for_alembic
+
+    column = ModelJSON(ClusterRef)
+    assert column.process_result_value({"namespace": "a", "name": "b", "missed": 2}, None) == ClusterRef(
+        namespace="a", name="b", missed=2)
+    assert column.process_result_value({"namespace": "a", "shard": 3}, None) is None  # no name
+    assert "a stored ClusterRef does not validate here" in caplog.text
+    assert column.process_bind_param(ClusterRef(namespace="a", name="b"), None) == {"namespace": "a", "name": "b",
+                                                                                   "missed": 0}
+    assert render_for_alembic("type", column, None) == "sa.JSON()"

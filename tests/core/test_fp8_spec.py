@@ -86,3 +86,23 @@ def test_the_plan_carries_fp8_into_the_runtime_config_and_bf16_leaves_it_as_it_w
                                              validation=None)["strategy"]
     assert spec_hash(spec()) == spec_hash(FineTuneJobSpec.model_validate(spec().model_dump(by_alias=True)))
     assert spec_hash(spec("fp8")) != spec_hash(spec())
+
+
+def test_fp8_keeps_a_bf16_base_where_quantization_is_auto():
+    """FP8 products cast bf16 weights: auto never trades them for a 4-bit base, even where bf16 needs offload."""
+    plan = plan_job(spec("fp8", quantization="auto"), ONE_H200, CAL, CATALOG["meta-llama/Llama-3.1-70B"])
+    assert (plan.quantization, plan.precision) == ("none", "fp8")
+
+
+def test_gpt2s_conv1d_blocks_are_refused_fp8():
+    with pytest.raises(NoPlan, match="GPT-2's Conv1D layers, which the FP8 products do not replace"):
+        plan_job(spec("fp8"), ONE_H200, CAL, CATALOG["gpt2"])
+
+
+def test_an_fp8_jobs_windows_teach_the_pool_nothing():
+    """The pool's one efficiency factor scales bf16 products; FP8's run at another rate."""
+    from tunewright_core.pools import learns_efficiency
+
+    plan = plan_job(spec("fp8"), ONE_H200, CAL, LLAMA_8B)
+    assert not learns_efficiency(plan)
+    assert learns_efficiency(plan.model_copy(update={"precision": "bf16"}))

@@ -63,6 +63,30 @@ def test_a_number_of_tokens_off_the_16_row_tiles_is_padded_and_cut():
         assert x.grad.shape == (tokens, 64)
 
 
+def matmul_node(out: torch.Tensor):
+    """The FP8 product's node in the autograd graph under `out` (a view and the bias's sum above it)."""
+    nodes = [out.grad_fn]
+    while nodes:
+        node = nodes.pop()
+        if type(node).__name__ == "_Float8MatmulBackward":
+            return node
+        nodes += [n for n, _ in node.next_functions if n is not None]
+    raise AssertionError("no FP8 product under this output")
+
+
+def test_backward_holds_the_input_only_for_a_trained_weight_and_no_fp8_copy_of_an_uncached_one():
+    """A frozen weight's gradient is not made: its input is not saved. An uncached weight is saved as itself (FSDP
+    gathers it again for backward) and cast there, not held in FP8 from forward to backward."""
+    x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
+    frozen, _ = pair(trains=False)
+    saved = matmul_node(frozen(x)).saved_tensors
+    assert [t.dtype for t in saved] == [fp8.E4M3, torch.float32]  # the kept cast and its scale
+    trained, _ = pair(trains=True)
+    saved = matmul_node(trained(x)).saved_tensors
+    assert [t.dtype for t in saved] == [fp8.E4M3, torch.float32, torch.bfloat16]  # the input in FP8, the weight
+    assert saved[2] is trained.weight or saved[2].data_ptr() == trained.weight.data_ptr()
+
+
 def test_a_frozen_weight_is_cast_once_and_again_when_it_changes(monkeypatch):
     casts = []
     original = fp8.to_fp8

@@ -24,7 +24,7 @@ def run_migrations() -> None:
 
 def _run(connection) -> None:
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
-                      compare_type=True)
+                      compare_type=True, render_item=models.render_for_alembic)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -14,7 +14,7 @@ from tunewright_api.models import GpuPool, Job
 from tunewright_api.names import name_problem
 from tunewright_core.planner import calibration
 from tunewright_core.planner.hardware import Pool
-from tunewright_core.planner.jobs import plan_job, workload
+from tunewright_core.planner.jobs import as_planned, plan_job, workload
 from tunewright_core.planner.models import ModelProfile, from_hf_config, lookup
 from tunewright_core.planner.search import NoPlan
 from tunewright_core.pools import (
@@ -156,7 +156,7 @@ def efficiency_learnt(job: Job, pool_name: str, gpu: str, measured: dict | None,
     except ApiError:
         return None  # the model's config is gone since the plan: nothing to compare the window with
     cal, _ = calibration.load()
-    catalog = catalog_compute_seconds(plan, workload(spec, profile, dataset_tokens=1), pool, cal)
+    catalog = catalog_compute_seconds(plan, as_planned(workload(spec, profile, dataset_tokens=1), plan), pool, cal)
     return learnt_efficiency(plan, pool_name, gpu, measured, catalog, step_seconds, exposed_comm_seconds, job.id,
                              at)
 

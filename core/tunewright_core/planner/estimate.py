@@ -27,9 +27,10 @@ already). Its optimizer step is unfused torch: `BF16_STATE_ADAMW_BYTES_PER_PARAM
 
 FP8 (`precision` fp8, jobs' fp8.py) runs the blocks' linear products at the GPU's FP8 rate (at the bf16 matmul
 efficiency: not measured) and adds their casts: every product's input in forward (and recompute, and dpo's
-reference forward) and its output's gradient in backward, `FP8_CAST_BYTES` an element; the weights cast per
-micro-batch unless a frozen base keeps its FP8 copy (LoRA on single or ddp: one byte a block weight more).
-Attention, the head and the adapters stay bf16. Counted, not measured.
+reference forward) and its output's gradient in backward, `FP8_CAST_BYTES` an element; the weights cast in each
+forward and again in backward unless a frozen base keeps its FP8 copy (LoRA on single or ddp: one byte a block
+weight more), and laid out again for backward either way.
+Attention, the head and the adapters' products stay in the compute dtype. Counted, not measured.
 """
 
 from __future__ import annotations
@@ -422,11 +423,12 @@ def fp8_cast_bytes(w: Workload, layout: Layout) -> float:
     outputs = sum(o for _, o in m.linear_shapes)
     forwards = 1 + layout.checkpointed_share(m.layers) + (1 if w.objective == "dpo" else 0)
     activations = tokens * m.layers * (inputs * forwards + outputs) * FP8_CAST_BYTES
-    if w.method == "full":  # the saved input, laid out again for the weight's gradient: read 1, write 1
-        activations += tokens * m.layers * inputs * 2
-    weights = 0.0 if keeps_fp8_copies(w, layout) else \
-        m.layers * m.layer_linear_params * (FP8_CAST_BYTES * forwards + 2)  # + backward's transposed copy
-    return activations + weights
+    if w.method == "full":  # the weight's gradient lays out the saved input and the output's gradient again
+        activations += tokens * m.layers * (inputs + outputs) * 2
+    # backward lays each weight's cast out column by column (read 1, write 1); an uncached one is cast in each
+    # forward and again in backward
+    casts = 0 if keeps_fp8_copies(w, layout) else FP8_CAST_BYTES * (forwards + 1)
+    return activations + m.layers * m.layer_linear_params * (casts + 2)
 
 
 def dequantization_passes(w: Workload, layout: Layout) -> float:

@@ -126,10 +126,16 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
                     optimizer_state="bf16" if light else "fp32", precision=spec.resources.precision)
 
 
+def as_planned(w: Workload, plan: JobPlan) -> Workload:
+    """The workload a plan runs: `auto` settings resolved as the plan resolved them."""
+    method = "qlora" if plan.quantization == "nf4" else w.method
+    return replace(w, method=method, optimizer_state=plan.optimizer_state, precision=plan.precision)
+
+
 def lighter(spec: FineTuneJobSpec, w: Workload) -> Workload | None:
-    """The lighter workload an `auto` setting allows (a 4-bit LoRA base; bf16 weights and moments for full
-    fine-tuning), or None where the spec allows none."""
-    if spec.method.type == "lora" and spec.method.lora.quantization == "auto":
+    """The lighter workload an `auto` setting allows (a 4-bit LoRA base, unless its products are FP8, which casts
+    bf16 weights; bf16 weights and moments for full fine-tuning), or None where the spec allows none."""
+    if spec.method.type == "lora" and spec.method.lora.quantization == "auto" and w.precision != "fp8":
         return replace(w, method="qlora")
     if spec.method.type == "full" and spec.hyperparameters.optimizer_state == "auto":
         return replace(w, optimizer_state="bf16")

@@ -196,6 +196,9 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     if strategy not in ("auto", *STRATEGIES):
         raise ValueError(f"strategy: must be auto or one of {', '.join(STRATEGIES)}, got {strategy!r}")
     limit = max_gpus or pool.max_gpus
+    if w.precision == "fp8" and not w.model.gated_mlp:
+        raise NoPlan(f"precision fp8: {w.model.name}'s blocks are GPT-2's Conv1D layers, which the FP8 products do "
+                     "not replace (they replace nn.Linear): set resources.precision bf16")
     if w.precision == "fp8" and not pool.gpu.fp8_flops:
         raise NoPlan(f"precision fp8: the {pool.gpu.name} has no FP8 tensor cores (they came with Ada and Hopper): "
                      "set resources.precision bf16, or plan on a pool of H100, H200, L40S or L4")
