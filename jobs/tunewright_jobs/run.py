@@ -37,7 +37,11 @@ def train_without_ray(cfg: JobConfig) -> dict:
     dist = init_dist(cfg)
     store = DirectoryCheckpointStore(cfg.checkpoint_storage, cfg.name, cfg.checkpoint.keep_last, dist)
     try:
-        return train(cfg, Runtime(dist, store))
+        result = train(cfg, Runtime(dist, store))
+        # every rank past its last collective before any tears its group down: a gloo rank once ended on
+        # "terminate called without an active exception" at the end of a two-rank run (its peer gone first)
+        dist.barrier()
+        return result
     finally:
         import torch.distributed
 
