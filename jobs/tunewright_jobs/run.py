@@ -139,6 +139,13 @@ MODEL_SOURCE_FAILURES = (
 )
 
 
+def say_error(message: str) -> None:
+    """The run's last word, `error: ...`, in one write: ranks sharing a stderr (torchrun) that each print theirs
+    would otherwise interleave the line and its newline into one line holding both."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
 def failure_line(err: BaseException, source: str) -> str:
     """One line a user can act on: the innermost cause (Ray wraps a worker's error twice), the model source's
     known failures said plainly, anything else as its type and first line."""
@@ -190,17 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = JobConfig.load(args.config)
     except (ConfigError, OSError) as err:
-        print(f"error: {args.config}: {err}", file=sys.stderr)
+        say_error(f"{args.config}: {err}")
         return 2
     try:
         cfg = localize_datasets(cfg)
         result = train_without_ray(cfg) if args.no_ray else train_with_ray(cfg, args.max_failures)
     except (DatasetError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        say_error(str(err))
         return 2
     except Exception as err:  # the traceback for the log; the last line, for the job's error, says it plainly
         traceback.print_exc()
-        print(f"error: {failure_line(err, cfg.model.source)}", file=sys.stderr)
+        say_error(failure_line(err, cfg.model.source))
         return 1
     if result:
         print(json.dumps(result, indent=2))
