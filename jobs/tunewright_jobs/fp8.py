@@ -117,10 +117,9 @@ class Float8Linear(torch.nn.Linear):
     gathers into)."""
 
     keep_frozen_cast = False
+    _cast: _WeightCast  # set by convert_blocks_to_fp8, which makes the class
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not hasattr(self, "_cast"):
-            self._cast = _WeightCast()
         keep = self.keep_frozen_cast and not self.weight.requires_grad
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         tokens = flat.shape[0]
@@ -149,5 +148,6 @@ def convert_blocks_to_fp8(blocks: list[torch.nn.Module], keep_frozen_cast: bool)
             if type(module) is torch.nn.Linear and fp8_able(module):
                 module.__class__ = Float8Linear
                 module.keep_frozen_cast = keep_frozen_cast
+                module._cast = _WeightCast()
                 converted += 1
     return converted
