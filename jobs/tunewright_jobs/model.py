@@ -50,12 +50,12 @@ def load_model(cfg: JobConfig, device: torch.device = CPU):
     from transformers import AutoModelForCausalLM
 
     source, revision = cfg.weights_source
-    refuse_a_quantized_source_unasked(cfg, source, revision)
+    config = source_config(cfg, source, revision)
     placement = {}
     if cfg.method.lora.quantization == "nf4":
         placement = {"quantization_config": nf4_config(compute_dtype(cfg, device)), "device_map": {"": device}}
     model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=weights_dtype(cfg), revision=revision,
+        source, config=config, dtype=weights_dtype(cfg), revision=revision,
         trust_remote_code=cfg.model.trust_remote_code, attn_implementation=loaded_attention(cfg), **placement,
     )
     model.config.use_cache = False
@@ -70,9 +70,10 @@ def load_model(cfg: JobConfig, device: torch.device = CPU):
     return model
 
 
-def refuse_a_quantized_source_unasked(cfg: JobConfig, source: str, revision: str | None) -> None:
-    """A checkpoint saved in 4 bits (a `*-bnb-4bit` model) loads in 4 bits whatever is asked: where the job did not
-    ask for a 4-bit base, its plan (memory, strategy, export) would not be the run's."""
+def source_config(cfg: JobConfig, source: str, revision: str | None):
+    """The model's config (read once: the model loads with it), refused where it was saved in 4 bits (a
+    `*-bnb-4bit` model loads in 4 bits whatever is asked) and the job did not ask for a 4-bit base: its plan
+    (memory, strategy, export) would not be the run's."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=cfg.model.trust_remote_code)
@@ -82,6 +83,7 @@ def refuse_a_quantized_source_unasked(cfg: JobConfig, source: str, revision: str
     if quantized.get("load_in_4bit") and cfg.method.lora.quantization != "nf4":
         raise ValueError(f"model.source: {source} is saved in 4 bits (bitsandbytes): train it as a 4-bit base with "
                          "method.type lora and method.lora.quantization nf4, or start from its bf16 checkpoint")
+    return config
 
 
 def nf4_config(compute: torch.dtype):
