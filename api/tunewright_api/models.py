@@ -5,19 +5,40 @@ from __future__ import annotations
 import logging
 import secrets
 from datetime import UTC, datetime
-from typing import Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic import Field as PydanticField
 from sqlalchemy import JSON, BigInteger, Column, UniqueConstraint
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, Session, SQLModel
 
 from tunewright_api.telemetry import measured, progress
-from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry, Printable
+from tunewright_core.spec import JobPlan, JobProgress, JobTelemetry, Printable, wire_name
 
 log = logging.getLogger(__name__)
+
+
+def camel_keys(value: Any) -> Any:
+    """`value` with every mapping's keys in the native casing, at any depth (a runtime record, a run's result)."""
+    if isinstance(value, dict):
+        return {wire_name(key) if isinstance(key, str) else key: camel_keys(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [camel_keys(item) for item in value]
+    return value
+
+
+# One casing rule: camelCase on tunewright's own routes (as the spec and the plan), snake_case on the
+# OpenAI-compatible ones (/v1/files, /v1/fine_tuning). The native answers are built by their Python names.
+NATIVE = ConfigDict(alias_generator=wire_name, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True,
+                    json_schema_serialization_defaults_required=True)
+
+
+class NativeAnswer(BaseModel):
+    """Base of the answers of tunewright's own routes: camelCase on the wire, every field in every answer."""
+
+    model_config = NATIVE
 
 
 def now() -> datetime:
@@ -105,16 +126,16 @@ class TokenCreate(BaseModel):
     admin: bool = False
 
 
-class TokenPublic(SQLModel):
+class TokenPublic(NativeAnswer):
     """An API token of a tenant's (never its secret, but once: in the answer that creates it)."""
 
     id: str
     object: str = "token"
-    tenant: str = Field(description="The tenant's name: what the token may see and do.")
+    tenant: str = PydanticField(description="The tenant's name: what the token may see and do.")
     name: str = ""
-    admin: bool = Field(default=False, description="Whether it may manage tokens and pools.")
+    admin: bool = PydanticField(default=False, description="Whether it may manage tokens and pools.")
     created_at: datetime
-    token: str | None = Field(default=None, description="The secret: shown once, when created; null after.")
+    token: str | None = PydanticField(default=None, description="The secret: shown once, when created; null after.")
 
 
 # --- files -------------------------------------------------------------------------------------------
@@ -199,7 +220,7 @@ class Job(SQLModel, table=True):
         return measured(plan, self.comm, self.tokens_per_second, self.started_at, self.finished_at, now())
 
 
-class JobPublic(SQLModel):
+class JobPublic(NativeAnswer):
     """A job as the native API shows it: its spec, its plan, its progress and what was measured so far."""
 
     id: str
@@ -209,13 +230,15 @@ class JobPublic(SQLModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    spec: dict[str, Any] = Field(description="The FineTuneJobSpec the job runs (camelCase, unset fields left out).")
+    spec: dict[str, Any] = PydanticField(description="The FineTuneJobSpec the job runs (camelCase, unset fields left "
+                                                     "out).")
     plan: JobPlan | None
     progress: JobProgress
     telemetry: JobTelemetry
-    result: dict[str, Any] | None = Field(description="What the run reported at its end (final loss; export: where "
-                                                      "the adapter or model went); null until it ends.")
-    error: dict[str, str] | None = Field(description="{code, message} once it failed; null otherwise.")
+    result: Annotated[dict[str, Any] | None, AfterValidator(camel_keys)] = PydanticField(description=(
+        "What the run reported at its end, its `end` record's fields in camelCase (steps, finalLoss, evalBefore, "
+        "evalAfter; export: where the adapter or model went); null until it ends."))
+    error: dict[str, str] | None = PydanticField(description="{code, message} once it failed; null otherwise.")
 
     @classmethod
     def of(cls, job: Job) -> JobPublic:
@@ -269,13 +292,28 @@ Item = TypeVar("Item")
 
 
 class ListEnvelope(BaseModel, Generic[Item]):
-    """A list, in OpenAI's shape; each list the API answers is one of these by name (`FileList`, ...)."""
+    """A list, in OpenAI's shape (the OpenAI-compatible routes); each list the API answers is one of these or a
+    `Page` by name (`FileList`, ...)."""
 
     model_config = ConfigDict(json_schema_serialization_defaults_required=True)  # every key in every answer
     object: str = "list"
     data: list[Item]
     has_more: bool = PydanticField(default=False, description="Whether more follow this page (a paged list: `after` "
                                                               "takes the last id of this one).")
+
+
+PageT = TypeVar("PageT", bound="Page")
+
+
+class Page(ListEnvelope[Item], Generic[Item]):
+    """A list on tunewright's own routes: the same envelope, camelCase (`hasMore`)."""
+
+    model_config = NATIVE
+
+    @classmethod
+    def of(cls: type[PageT], openai_page: ListEnvelope) -> PageT:
+        """An OpenAI-shaped page of the same items, in the native casing (its items validated by their names)."""
+        return cls.model_validate(openai_page.model_dump())
 
 
 # --- pools -------------------------------------------------------------------------------------------

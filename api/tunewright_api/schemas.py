@@ -1,10 +1,12 @@
 """What the API answers, beside its tables' `*Public` shapes (`models.py`): one typed definition per contract,
 so the OpenAPI document says what every route returns, for the CLI, the dashboard and any other client.
 
-Keys are as each route has always answered them: camelCase on tunewright's own shapes (CamelModel, as the
-spec and the plan), snake_case on the OpenAI-shaped ones (lists, files, events, checkpoints, fine-tuning jobs).
-A few shapes the official OpenAI client also sends are defined here too (its hyperparameters and method), since
-the fine-tuning job answers them back.
+One casing rule: camelCase on tunewright's own routes (/v1/jobs, /v1/pools, /v1/plans, /v1/tokens; as the spec
+and the plan), snake_case on the OpenAI-compatible ones (/v1/files, /v1/fine_tuning). Where both kinds of route
+answer the same thing (a job's events and checkpoints, a list), the native shape is the OpenAI one's subclass in
+camelCase (`NativeAnswer`, `Page`). A fine-tuning job's `tunewright` object is tunewright's own and stays
+camelCase. A few shapes the official OpenAI client also sends are defined here too (its hyperparameters and
+method), since the fine-tuning job answers them back.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -23,7 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from tunewright_api.models import FilePublic, JobPublic, ListEnvelope, TokenPublic
+from tunewright_api.models import (
+    FilePublic,
+    JobPublic,
+    ListEnvelope,
+    NativeAnswer,
+    Page,
+    TokenPublic,
+    camel_keys,
+)
 from tunewright_api.states import JobStatus
 from tunewright_core.planner.hardware import GPUS, LINKS
 from tunewright_core.spec import (
@@ -120,6 +131,15 @@ class EventPublic(Answer):
                                                      "the runtime named them (snake_case); null for a message.")
 
 
+class JobEventPublic(NativeAnswer, EventPublic):
+    """An event on the native route: the same as the OpenAI-shaped one, camelCase, a metrics event's record
+    (`data`) too."""
+
+    data: Annotated[dict[str, Any] | None, AfterValidator(camel_keys)] = Field(description=(
+        "A metrics event's record: step and training loss, a profiler window's communication shares, an "
+        "evaluation's scores (the runtime's fields, camelCase); null for a message."))
+
+
 class CheckpointMetrics(Answer):
     """The training loss at a checkpoint's step."""
 
@@ -140,12 +160,21 @@ class CheckpointPublic(Answer):
     metrics: CheckpointMetrics
 
 
-class MetricPointPublic(Answer):
+class JobCheckpointMetrics(NativeAnswer, CheckpointMetrics):
+    """The training loss at a checkpoint's step (native route: trainLoss)."""
+
+
+class JobCheckpointPublic(NativeAnswer, CheckpointPublic):
+    """A checkpoint on the native route: the same as the OpenAI-shaped one, camelCase."""
+
+    metrics: JobCheckpointMetrics
+
+
+class MetricPointPublic(NativeAnswer):
     """One logged step: `step`, `time`, and the measurements of the runtime's step record (StepRecord in
-    tunewright_api.telemetry), snake_case as the runtime names them: loss, learning_rate, grad_norm, tokens,
-    tokens_per_second, step_seconds, data_seconds, forward_backward_seconds, optimizer_seconds,
-    peak_memory_gib, the GPU activity shares (sm_active_share, ...) or gpu_activity_unavailable. A measurement
-    the record did not carry is absent, not null."""
+    tunewright_core.records) in camelCase: loss, learningRate, gradNorm, tokens, tokensPerSecond, stepSeconds,
+    dataSeconds, forwardBackwardSeconds, optimizerSeconds, peakMemoryGiB, the GPU activity shares
+    (smActiveShare, ...) or gpuActivityUnavailable. A measurement the record did not carry is absent, not null."""
 
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, int | float | str | None] = Field(init=False)
@@ -153,8 +182,13 @@ class MetricPointPublic(Answer):
     step: int
     time: float = Field(description="Unix seconds when the runtime emitted the record.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _camel_case(cls, data: Any) -> Any:
+        return camel_keys(data)
 
-class ArtifactPublic(Answer):
+
+class ArtifactPublic(NativeAnswer):
     """One file of what a job exported; GET /v1/jobs/{job_id}/artifacts/{path} serves it."""
 
     object: Literal["artifact"] = "artifact"
@@ -165,7 +199,7 @@ class ArtifactPublic(Answer):
 # --- lists -------------------------------------------------------------------------------------------
 
 
-class TokenList(ListEnvelope[TokenPublic]):
+class TokenList(Page[TokenPublic]):
     """API tokens, newest first (never their secrets)."""
 
 
@@ -173,7 +207,7 @@ class FileList(ListEnvelope[FilePublic]):
     """Files, newest first."""
 
 
-class JobList(ListEnvelope[JobPublic]):
+class JobList(Page[JobPublic]):
     """Jobs, newest first."""
 
 
@@ -181,19 +215,27 @@ class EventList(ListEnvelope[EventPublic]):
     """A job's events, newest first."""
 
 
-class MetricPointList(ListEnvelope[MetricPointPublic]):
-    """A job's logged steps in step order, evenly downsampled to at most `max_points` (the last step kept)."""
+class JobEventList(Page[JobEventPublic]):
+    """A job's events, newest first (native route)."""
+
+
+class MetricPointList(Page[MetricPointPublic]):
+    """A job's logged steps in step order, evenly downsampled to at most `maxPoints` (the last step kept)."""
 
 
 class CheckpointList(ListEnvelope[CheckpointPublic]):
     """A job's committed checkpoints, newest first."""
 
 
-class LogLines(ListEnvelope[str]):
+class JobCheckpointList(Page[JobCheckpointPublic]):
+    """A job's committed checkpoints, newest first (native route)."""
+
+
+class LogLines(Page[str]):
     """The last lines the run printed, oldest first (none before it starts)."""
 
 
-class ArtifactList(ListEnvelope[ArtifactPublic]):
+class ArtifactList(Page[ArtifactPublic]):
     """The files a job exported (the adapter, the merged or the full model), by path."""
 
 
@@ -226,9 +268,8 @@ class TelemetryLatest(JobTelemetry):
     kernel_active: KernelActive
     sm_active_unavailable: str | None = Field(description="Why smActive is null (the runtime's reason); null when "
                                                           "it was measured.")
-    cost_per_million_tokens_usd: float | None = Field(alias="costPerMillionTokensUSD",
-                                                      description="Cost so far per million trained tokens.")
-    projected_cost_usd: float | None = Field(alias="projectedCostUSD", description="Cost so far, plus the time left "
+    cost_per_million_tokens_usd: float | None = Field(description="Cost so far per million trained tokens.")
+    projected_cost_usd: float | None = Field(description="Cost so far, plus the time left "
                                                                                   "at the plan's price.")
 
 
@@ -242,7 +283,7 @@ class TelemetryPoint(CamelModel):
     mfu: float | None = Field(description="Measured, with the plan's FLOPs and peak; null without a prediction.")
     step_seconds: float | None
     data_seconds: float | None
-    peak_memory_gib: float | None = Field(alias="peakMemoryGiB")
+    peak_memory_gib: float | None
     sm_active: SmActive
     tensor_active: TensorActive
     dram_bandwidth: DramBandwidth
@@ -285,7 +326,7 @@ class EvaluationPoint(CamelModel):
                                                   "evaluation.exactMatch).")
 
 
-class JobTelemetryReport(Answer):
+class JobTelemetryReport(NativeAnswer):
     """A job's measured telemetry beside its plan's predictions: now (`latest`) and over time (`series` per
     logged step, `comm` per profiler window, `evaluations`)."""
 
@@ -423,8 +464,8 @@ class PoolDescription(CamelModel):
     max_nodes: int = Field(gt=0, le=4096)
     intra_node: Literal[tuple(LINKS)]  # type: ignore[valid-type]
     inter_node: Literal[tuple(LINKS)] | None = None  # type: ignore[valid-type]
-    price_per_gpu_hour: float = Field(ge=0, alias="pricePerGPUHour")
-    host_memory_gib: float | None = Field(default=None, gt=0, alias="hostMemoryGiB",
+    price_per_gpu_hour: float = Field(ge=0)
+    host_memory_gib: float | None = Field(default=None, gt=0,
                                           description="Host memory per node (CPU offload); default 2x its GPU memory")
 
 
@@ -463,7 +504,7 @@ class LocalPool(AsWritten, CamelModel):
     gpus_used: int = Field(description="GPUs a job uses (TUNEWRIGHT_LOCAL_GPUS); 0: jobs train on the CPU.")
     cpus: int | None
     workers: int = Field(description="Training processes per job.")
-    price_per_gpu_hour: float = Field(alias="pricePerGPUHour")
+    price_per_gpu_hour: float
     description: str
 
 
@@ -493,7 +534,7 @@ class PoolPublic(RootModel[Annotated[Annotated[DescribedPool, Tag("DescribedPool
     (kubernetes backend)."""
 
 
-class PoolList(ListEnvelope[PoolPublic]):
+class PoolList(Page[PoolPublic]):
     """The backend's own pools, then the described ones by name."""
 
 

@@ -15,7 +15,6 @@ from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
 
 from tunewright_core.planner.hardware import GPUS, LINK_WINDOWS_KEPT, LINKS
 from tunewright_core.records import Strategy
@@ -36,10 +35,21 @@ DEFAULT_EPOCHS = 1
 DEFAULT_GLOBAL_BATCH = 16  # sequences per optimizer step when the spec leaves it to tunewright
 
 
-class CamelModel(BaseModel):
-    """camelCase on the wire, snake_case in Python; unknown fields refused."""
+# The acronyms the wire spells in capitals (pricePerGPUHour, peakMemoryGiB, costUSD, dashboardURL).
+ACRONYMS = {"Gpu": "GPU", "Gpus": "GPUs", "Gib": "GiB", "Mib": "MiB", "Usd": "USD", "Url": "URL"}
 
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+def wire_name(name: str) -> str:
+    """A Python (or runtime record) name as the wire spells it: camelCase, its acronyms after the first word in
+    capitals (max_gpus: maxGPUs). The one rule for every camelCase key: the spec, the plan, the native API."""
+    head, *words = name.split("_")
+    return head + "".join(ACRONYMS.get(word.capitalize(), word.capitalize()) for word in words)
+
+
+class CamelModel(BaseModel):
+    """camelCase on the wire (`wire_name`), snake_case in Python; unknown fields refused."""
+
+    model_config = ConfigDict(alias_generator=wire_name, populate_by_name=True, extra="forbid")
 
 
 def error_message(error: Mapping[str, Any], model: type[BaseModel], loc: Sequence[str | int] | None = None) -> str:
@@ -226,12 +236,11 @@ class ResourcesSpec(CamelModel):
 
     pool: str | None = Field(default=None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                              description="GPUPool to run on (default: the cluster's default pool).")
-    max_gpus: Annotated[int, Field(gt=0, le=65536)] | None = Field(default=None, alias="maxGPUs",
-                                                                  description="Upper bound on GPUs.")
+    max_gpus: Annotated[int, Field(gt=0, le=65536)] | None = Field(default=None, description="Upper bound on GPUs.")
     strategy: Literal["auto", Strategy] = Field(
         default="auto", description="auto lets the planner choose from model size and network topology.")
     budget_usd: Annotated[float, Field(gt=0, le=1e9)] | None = Field(
-        default=None, alias="budgetUSD", description="Fastest plan whose predicted cost fits this budget.")
+        default=None, description="Fastest plan whose predicted cost fits this budget.")
     queue: str | None = Field(default=None, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                               description="Kueue LocalQueue name.")
     deadline_seconds: Annotated[int, Field(gt=0, le=366 * 86400)] | None = Field(
@@ -326,15 +335,15 @@ class PredictionBand(CamelModel):
     step_seconds_high: float = Field(description="P90 of one optimizer step.")
     duration_seconds_low: float = Field(description="P10 of the whole run.")
     duration_seconds_high: float = Field(description="P90 of the whole run.")
-    cost_usd_low: float = Field(alias="costUSDLow", description="P10 of the cost.")
-    cost_usd_high: float = Field(alias="costUSDHigh", description="P90 of the cost.")
+    cost_usd_low: float = Field(description="P10 of the cost.")
+    cost_usd_high: float = Field(description="P90 of the cost.")
     basis: str = Field(max_length=1024, description="What the band comes from and where the plan extrapolates.")
 
 
 class Predicted(CamelModel):
     """The planner's predictions for one layout (per GPU where it says so)."""
 
-    peak_memory_gib: float = Field(alias="peakMemoryGiB", description="Allocator peak per GPU.")
+    peak_memory_gib: float = Field(description="Allocator peak per GPU.")
     step_seconds: float = Field(description="One optimizer step.")
     matmul_seconds: float = Field(description="Matrix products in a step.")
     memory_bound_seconds: float = Field(description="Memory-bound kernels and launches in a step.")
@@ -343,14 +352,14 @@ class Predicted(CamelModel):
     exposed_comm_seconds: float = Field(description="Collectives no compute overlaps.")
     offload_seconds: float = Field(description="Host-device copies of offloaded states.")
     exposed_offload_seconds: float = Field(description="Host-device copies no compute overlaps.")
-    host_memory_gib_per_node: float = Field(alias="hostMemoryGiBPerNode", description="Offloaded states per node.")
+    host_memory_gib_per_node: float = Field(description="Offloaded states per node.")
     comm_share: float = Field(description="Share of the step in collectives.")
     exposed_comm_share: float = Field(description="Share of the step in collectives no compute overlaps.")
     mfu: float = Field(description="Model FLOPs utilization (model FLOPs / time / peak bf16 FLOP/s).")
     tokens_per_second: float = Field(description="Trained tokens per second, all GPUs.")
     duration_seconds: float = Field(description="The whole run.")
-    cost_usd: float = Field(alias="costUSD", description="GPUs x duration x the pool's price per GPU-hour.")
-    memory_breakdown_gib: dict[str, float] = Field(alias="memoryBreakdownGiB", description="Peak memory by part.")
+    cost_usd: float = Field(description="GPUs x duration x the pool's price per GPU-hour.")
+    memory_breakdown_gib: dict[str, float] = Field(description="Peak memory by part.")
     memory_margin: float | None = Field(
         default=None, description="Share added to peakMemoryGiB for run-to-run variation before it is held against "
                                   "the usable memory per GPU (absent from plans made before the margin).")
@@ -428,7 +437,7 @@ class JobTelemetry(CamelModel):
     comm_share_max_rank: float | None = Field(default=None, description="The worst rank's share.")
     comm_measured_at_step: int | None = None
     mfu: float | None = None
-    cost_usd: float | None = Field(default=None, alias="costUSD", description="GPUs held x time x price so far.")
+    cost_usd: float | None = Field(default=None, description="GPUs held x time x price so far.")
 
 
 # --- FineTuneJob status (one writer per field: the operator; see operator docs) -----------------------
@@ -460,7 +469,7 @@ class FineTuneJobStatus(CamelModel):
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
     plan: JobPlan | None = Field(default=None, description="How the job runs, predicted before it runs.")
     ray_job_name: str | None = Field(default=None, description="The RayJob running this job.")
-    dashboard_url: str | None = Field(default=None, alias="dashboardURL", description="The Ray dashboard.")
+    dashboard_url: str | None = Field(default=None, description="The Ray dashboard.")
     start_time: datetime | None = Field(default=None, description="When its pods first ran.")
     completion_time: datetime | None = Field(default=None, description="When it ended.")
     progress: JobProgress | None = None
@@ -490,10 +499,9 @@ class GPUPoolSpec(CamelModel):
     intra_node: Literal[tuple(LINKS)] = Field(description="How a node's GPUs are joined (NVLink or PCIe).")  # type: ignore[valid-type]
     inter_node: Literal[tuple(LINKS)] | None = Field(  # type: ignore[valid-type]
         default=None, description="How nodes are joined (InfiniBand or Ethernet); none for one-node jobs only.")
-    price_per_gpu_hour: Annotated[float, Field(ge=0)] = Field(alias="pricePerGPUHour",
-                                                              description="What one GPU costs per hour (USD).")
+    price_per_gpu_hour: Annotated[float, Field(ge=0)] = Field(description="What one GPU costs per hour (USD).")
     host_memory_gib: Annotated[float, Field(gt=0)] | None = Field(
-        default=None, alias="hostMemoryGiB", description="Host memory per node (for CPU offload plans).")
+        default=None, description="Host memory per node (for CPU offload plans).")
     worker_image: str = Field(min_length=1, max_length=1024, description="Image of the Ray head and workers.")
     default: bool = Field(default=False, description="Jobs that name no pool run here.")
     learn_links: bool = Field(default=False, description=(
@@ -535,12 +543,10 @@ class GPUPoolStatus(CamelModel):
 
     observed_generation: Annotated[int, Field(ge=0)] | None = None
     nodes: int = Field(default=0, description="Matching nodes.")
-    allocatable_gpus: int = Field(default=0, alias="allocatableGPUs",
-                                  description="nvidia.com/gpu allocatable on them, in all.")
-    gpu_products: list[str] = Field(default_factory=list, alias="gpuProducts",
+    allocatable_gpus: int = Field(default=0, description="nvidia.com/gpu allocatable on them, in all.")
+    gpu_products: list[str] = Field(default_factory=list,
                                     description="nvidia.com/gpu.product labels seen (GPU feature discovery).")
-    gpu_memory_mib: int | None = Field(default=None, alias="gpuMemoryMiB",
-                                       description="nvidia.com/gpu.memory label seen (the smallest).")
+    gpu_memory_mib: int | None = Field(default=None, description="nvidia.com/gpu.memory label seen (the smallest).")
     disagreements: list[str] = Field(default_factory=list, description="Where the nodes contradict the spec.")
     conditions: list[Condition] = Field(default_factory=list, max_length=16)
     measured_links: MeasuredLinks | None = Field(default=None, description=(

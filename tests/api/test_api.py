@@ -73,7 +73,7 @@ def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, ti
     assert done["status"] == "succeeded", done["error"]
     assert done["progress"]["step"] == 10 and done["progress"]["totalSteps"] == 10
     assert done["progress"]["trainedTokens"] > 0
-    assert done["result"]["eval_after"]["val_loss"] < done["result"]["eval_before"]["val_loss"]
+    assert done["result"]["evalAfter"]["valLoss"] < done["result"]["evalBefore"]["valLoss"]
     metrics = alice.get(f"/v1/jobs/{job['id']}/metrics").json()["data"]
     assert [m["step"] for m in metrics] == list(range(1, 11)) and all(m["loss"] > 0 for m in metrics)
     assert [m["step"] for m in alice.get(f"/v1/jobs/{job['id']}/metrics?max_points=4").json()["data"]][-1] == 10
@@ -87,9 +87,9 @@ def test_job_runs_to_completion_with_telemetry_events_and_checkpoints(server, ti
     assert any(e["message"].startswith("step 4: communication") for e in events)
     # registered by the runtime as it committed them, with the training loss at that step
     checkpoints = alice.get(f"/v1/jobs/{job['id']}/checkpoints").json()["data"]
-    assert [c["step_number"] for c in checkpoints] == [10, 5]
-    assert all(c["metrics"]["train_loss"] > 0 and Path(c["fine_tuned_model_checkpoint"]).is_dir() for c in checkpoints)
-    assert checkpoints[0]["metrics"]["train_loss"] == pytest.approx(metrics[-1]["loss"])
+    assert [c["stepNumber"] for c in checkpoints] == [10, 5]
+    assert all(c["metrics"]["trainLoss"] > 0 and Path(c["fineTunedModelCheckpoint"]).is_dir() for c in checkpoints)
+    assert checkpoints[0]["metrics"]["trainLoss"] == pytest.approx(metrics[-1]["loss"])
     logs = alice.get(f"/v1/jobs/{job['id']}/logs?lines=5").json()["data"]
     assert len(logs) == 5 and all(isinstance(line, str) for line in logs)
     assert alice.post(f"/v1/jobs/{job['id']}/cancel").status_code == 409
@@ -326,7 +326,7 @@ def test_the_queue_runs_one_job_at_a_time(server, tiny_models):
     assert alice.get(f"/v1/jobs/{second}").json()["status"] == "queued"  # max_running_jobs = 1
     cancelled = alice.post(f"/v1/jobs/{first}/cancel").json()
     done = wait_for(alice, second, {"succeeded", "failed"})
-    assert done["status"] == "succeeded" and done["started_at"] >= cancelled["finished_at"]
+    assert done["status"] == "succeeded" and done["startedAt"] >= cancelled["finishedAt"]
     spec = tiny_spec(tiny_models["gpt2"], train)
     held = alice.post("/v1/jobs", json={**spec, "suspend": True})
     assert held.status_code == 422 and held.json()["error"]["param"] == "suspend"
@@ -472,7 +472,7 @@ def test_a_job_keeps_bounded_metric_points_and_events(tmp_path, tiny_models, mon
             # a resumed run sends recent steps again: they are still there, so their tokens count once
             again = [{**step, "step": n} for n in range(291, 301)]
             assert worker.post(f"/v1/internal/jobs/{job['id']}/telemetry", json={"records": again}).is_success
-        steps = [p["step"] for p in alice.get(f"/v1/jobs/{job['id']}/metrics?max_points=10000").json()["data"]]
+        steps = [p["step"] for p in alice.get(f"/v1/jobs/{job['id']}/metrics?maxPoints=10000").json()["data"]]
         assert len(steps) <= 40 and steps[0] == 1 and steps[-20:] == list(range(281, 301))
         assert alice.get(f"/v1/jobs/{job['id']}").json()["progress"]["trainedTokens"] == 300 * 10
         events = alice.get(f"/v1/jobs/{job['id']}/events?limit=1000").json()["data"]

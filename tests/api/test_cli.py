@@ -54,7 +54,7 @@ def test_from_a_spec_file_to_a_downloaded_adapter(server, user, tiny_models, tmp
     code, out, _ = run(capsys, *user, "-o", "json", "metrics", job_id)
     assert [p["step"] for p in json.loads(out)] == [1, 2, 3, 4]
     code, out, _ = run(capsys, *user, "-o", "yaml", "checkpoints", job_id)
-    assert yaml.safe_load(out)[0]["step_number"] == 4
+    assert yaml.safe_load(out)[0]["stepNumber"] == 4
     code, out, _ = run(capsys, *user, "logs", job_id, "-n", "3")
     assert code == 0 and len(out.splitlines()) == 3
     code, out, _ = run(capsys, *user, "logs", job_id, "-f")  # a finished job: its log, then the command ends

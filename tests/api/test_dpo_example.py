@@ -31,4 +31,4 @@ def test_the_local_dpo_example_runs(server, tiny_models, tmp_path, monkeypatch, 
     spec = yaml.safe_load(EXAMPLE.read_text())["spec"]
     assert done["spec"]["method"]["objective"] == spec["method"]["objective"] == "dpo"
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert all("reward_margin" in m and "preference_accuracy" in m for m in metrics), metrics[-1]
+    assert all("rewardMargin" in m and "preferenceAccuracy" in m for m in metrics), metrics[-1]

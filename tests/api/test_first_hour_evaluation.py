@@ -12,7 +12,7 @@ from sqlmodel import Session
 from tunewright_api.auth import hash_token, issue_token
 from tunewright_api.cli import render
 from tunewright_api.db import make_engine, migrate
-from tunewright_api.models import Job, StoredFile
+from tunewright_api.models import Job, StoredFile, camel_keys
 from tunewright_api.services import telemetry as service
 from tunewright_api.telemetry import parse_records
 
@@ -21,11 +21,11 @@ AFTER = {"val_loss": 0.01234, "val_token_accuracy": 0.997, "exact_match": 0.99, 
 
 
 def finished_job(result: dict | None) -> dict:
-    """A job as `GET /v1/jobs/{id}` answers it (what `tunewright get` renders)."""
+    """A job as `GET /v1/jobs/{id}` answers it (what `tunewright get` renders): the run's result camelCase."""
     return {"id": "ftjob-abc", "status": "succeeded", "model": "/models/tiny-gpt2", "spec": {"method": {"type": "lora"}},
             "plan": None, "progress": {"step": 10, "totalSteps": 10, "loss": 0.02, "tokensPerSecond": 900.0,
                          "trainedTokens": 9000},
-            "telemetry": {}, "error": None, "result": result}
+            "telemetry": {}, "error": None, "result": camel_keys(result)}
 
 
 def test_get_shows_each_evaluation_before_and_after_training():
@@ -51,7 +51,7 @@ def test_get_shows_each_evaluation_before_and_after_training():
     (None, []),  # not finished
 ])
 def test_evaluation_lines_name_only_what_was_measured(result, expected):
-    assert render.evaluation(result) == expected
+    assert render.evaluation(camel_keys(result)) == expected
 
 
 def test_a_job_without_evaluations_gets_nothing_extra():
@@ -63,8 +63,8 @@ def test_the_run_summary_says_the_evaluation_as_get_does():
     job = {**finished_job({"steps": 10, "eval_before": BEFORE, "eval_after": AFTER}),
            "plan": {"explanation": "local pool: ddp", "device": "cpu", "gpus": 0, "workers": 2},
            "telemetry": {"commShare": None, "costUSD": None},
-           "started_at": "2026-01-01T00:00:00", "finished_at": "2026-01-01T00:00:37"}
-    summary = render.run_summary(job, [{"loss": 7.6, "tokens_per_second": 1000.0}, {"loss": 0.002}])
+           "startedAt": "2026-01-01T00:00:00", "finishedAt": "2026-01-01T00:00:37"}
+    summary = render.run_summary(job, [{"loss": 7.6, "tokensPerSecond": 1000.0}, {"loss": 0.002}])
     assert "validation loss    7.6130 -> 0.0123" in summary
     assert "token accuracy     0.3% -> 99.7%" in summary
     assert "exact match        0.0% -> 99.0%  (100 held-out examples)" in summary

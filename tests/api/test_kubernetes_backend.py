@@ -179,7 +179,7 @@ def test_a_job_submitted_through_the_api_runs_on_the_cluster(cluster_api, emulat
     kuberay_writes(cluster, "tw-team-a", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
                                           "endTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")})
     done = api_job(alice, job["id"], "succeeded", operator=operator)
-    assert done["finished_at"] and done["started_at"]
+    assert done["finishedAt"] and done["startedAt"]
     assert alice.get(f"/v1/fine_tuning/jobs/{job['id']}").json()["fine_tuned_model"].endswith(job["id"])
     download = alice.get(f"/v1/jobs/{job['id']}/artifacts")  # the files are on the claim, not on this server
     assert download.status_code == 409 and adapter in download.json()["error"]["message"]
@@ -220,7 +220,7 @@ def test_a_job_made_with_kubectl_is_its_namespaces_tenants_only(cluster_api):
 
     cluster.delete("FineTuneJob", "tw-team-a", "by-hand")  # kubectl delete: the job is cancelled
     cancelled = api_job(alice, job_id, "cancelled", operator=operator, what="cancelled after kubectl delete")
-    assert cancelled["finished_at"]
+    assert cancelled["finishedAt"]
 
 
 @pytest.mark.slow

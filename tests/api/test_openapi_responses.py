@@ -187,7 +187,7 @@ def test_a_pool_is_checked_and_answered_as_written(written, kind):
     assert isinstance(pool.root, kind)
     assert pool.model_dump_json() == json.dumps(written, separators=(",", ":"))
     listed = schemas.PoolList(data=[pool]).model_dump_json()
-    assert listed == json.dumps({"object": "list", "data": [written], "has_more": False}, separators=(",", ":"))
+    assert listed == json.dumps({"object": "list", "data": [written], "hasMore": False}, separators=(",", ":"))
     with pytest.raises(ValidationError):  # what breaks the contract is not answered as a pool
         schemas.PoolPublic.model_validate({**written, "gpu": "a GPU no catalog knows", "cpus": "two"})
 
@@ -195,7 +195,7 @@ def test_a_pool_is_checked_and_answered_as_written(written, kind):
 def test_a_metric_point_keeps_what_the_step_record_carried():
     point = schemas.MetricPointPublic.model_validate({"step": 3, "time": 1.5, "loss": 2.0, "tokens": 4000,
                                                       "gpu_activity_unavailable": "a CPU run"})
-    assert point.model_dump_json() == '{"step":3,"time":1.5,"loss":2.0,"tokens":4000,"gpu_activity_unavailable":"a CPU run"}'
+    assert point.model_dump_json() == '{"step":3,"time":1.5,"loss":2.0,"tokens":4000,"gpuActivityUnavailable":"a CPU run"}'
 
 
 def test_the_cluster_pools_are_answered_as_the_cluster_holds_them(tmp_path, emulated_cluster):

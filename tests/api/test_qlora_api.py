@@ -70,7 +70,7 @@ def test_cli_flags_and_listing_say_the_base():
     assert render.method_cell(nf4) == "qlora" and render.method_cell({**nf4, "objective": "dpo"}) == "qlora dpo"
     assert render.method_cell({"type": "lora", "lora": {"quantization": "auto"}}) == "lora"
     job = {"id": "ftjob-1", "status": "queued", "model": "org/m", "progress": {"step": 0},
-           "created_at": "2026-01-01T00:00:00+00:00", "plan": None, "spec": {"method": nf4}}
+           "createdAt": "2026-01-01T00:00:00+00:00", "plan": None, "spec": {"method": nf4}}
     assert "model:     org/m (lora, objective sft, base nf4 (4-bit, QLoRA))" in render.job_text(job)
 
 

@@ -44,6 +44,6 @@ def test_an_api_restarted_near_the_end_of_a_run_gets_its_last_step_tokens_and_re
         assert job["status"] == "succeeded", job
         assert job["progress"]["step"] == job["progress"]["totalSteps"] == 150
         assert job["progress"]["trainedTokens"] == sum(r["tokens"] for r in steps)
-        (results,) = job["result"]["result_files"]
+        (results,) = job["result"]["resultFiles"]
         rows = alice.get(f"/v1/files/{results}/content").text.splitlines()
         assert rows[-1].startswith("150,")  # the results file reaches the last step

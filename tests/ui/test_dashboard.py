@@ -120,7 +120,7 @@ def test_the_job_page_draws_the_curves_the_api_measured(api, browser):
     assert browser.text("#diagnosis-status").startswith(diagnosis["status"])
     checkpoints = api.alice.get(f"/v1/jobs/{api.job_id}/checkpoints").json()["data"]
     shown = browser.js("return [...document.querySelectorAll('#checkpoints-table tbody tr')].map(r => r.cells[0].innerText)")
-    assert shown == [str(c["step_number"]) for c in checkpoints] and shown
+    assert shown == [str(c["stepNumber"]) for c in checkpoints] and shown
     events = browser.text("#events-table")
     assert "succeeded" in events and "queued; plan:" in events and f"step {STEPS}: training loss" not in events
     browser.driver.find_element(By.ID, "show-step-events").click()

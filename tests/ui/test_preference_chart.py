@@ -76,7 +76,7 @@ def test_the_api_keeps_a_steps_preference_metrics(api):
     assert [(p["rewardMargin"], p["preferenceAccuracy"]) for p in series] == [
         (MARGINS[n], ACCURACY[n]) for n in MARGINS]
     metrics = api.alice.get(f"/v1/jobs/{api.jobs.dpo}/metrics").json()["data"]
-    assert metrics[-1]["reward_margin"] == MARGINS[4] and metrics[-1]["preference_accuracy"] == ACCURACY[4]
+    assert metrics[-1]["rewardMargin"] == MARGINS[4] and metrics[-1]["preferenceAccuracy"] == ACCURACY[4]
     plain = api.alice.get(f"/v1/jobs/{api.jobs.sft}/telemetry").json()["series"]
     assert {(p["rewardMargin"], p["preferenceAccuracy"]) for p in plain} == {(None, None)}
 

@@ -345,14 +345,14 @@ def cmd_events(args, client: Client) -> int:
     else:
         page = client.request("GET", f"/v1/jobs/{args.job_id}/events", params={"limit": 100})
         events = page["data"]
-        if page.get("has_more") and args.output == "table":
+        if page.get("hasMore") and args.output == "table":
             print("(the newest 100; every event: --all)", file=sys.stderr)
     render.emit(events[::-1], args.output, render.events_table)
     return OK
 
 
 def cmd_metrics(args, client: Client) -> int:
-    points = client.request("GET", f"/v1/jobs/{args.job_id}/metrics", params={"max_points": args.max_points})["data"]
+    points = client.request("GET", f"/v1/jobs/{args.job_id}/metrics", params={"maxPoints": args.max_points})["data"]
     render.emit(points, args.output, render.metrics_table,
                 empty=f"No metrics: job {args.job_id} has not finished a step (tunewright get {args.job_id}).")
     return OK

@@ -62,12 +62,12 @@ class Client:
         return response.json() if response.content else {}
 
     def pages(self, path: str, limit: int = 100, **params) -> list[dict]:
-        """Every item of a paged list (`after` = the last id of the previous page)."""
+        """Every item of a paged list of a native route (`after` = the last id of the previous page)."""
         items, after = [], None
         while True:
             page = self.request("GET", path, params={**params, "limit": limit, **({"after": after} if after else {})})
             items += page["data"]
-            if not page.get("has_more") or not page["data"]:
+            if not page.get("hasMore") or not page["data"]:
                 return items
             after = page["data"][-1]["id"]
 

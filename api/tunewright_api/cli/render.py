@@ -100,7 +100,7 @@ def jobs_table(jobs: list[dict]) -> str:
                      method_cell(job["spec"]["method"]), plan_cell(job.get("plan")), done,
                      f"{p['loss']:.4f}" if p.get("loss") is not None else None,
                      duration(p.get("etaSeconds")) if job["status"] == "running" else None,
-                     f"${cost:,.2f}" if cost is not None else None, age(job["created_at"])])
+                     f"${cost:,.2f}" if cost is not None else None, age(job["createdAt"])])
     return columns(["ID", "STATUS", "MODEL", "METHOD", "PLAN", "STEP", "LOSS", "ETA", "COST", "AGE"], rows)
 
 
@@ -147,24 +147,24 @@ def progress_line(job: dict) -> str:
     return line
 
 
-# what a run's evaluation measured: (label, field of `eval_before` and `eval_after`, format)
-EVALUATED = (("validation loss", "val_loss", "{:.4f}"), ("token accuracy", "val_token_accuracy", "{:.1%}"),
-             ("exact match", "exact_match", "{:.1%}"))
+# what a run's evaluation measured: (label, field of `evalBefore` and `evalAfter`, format)
+EVALUATED = (("validation loss", "valLoss", "{:.4f}"), ("token accuracy", "valTokenAccuracy", "{:.1%}"),
+             ("exact match", "exactMatch", "{:.1%}"))
 
 
 def evaluation(result: dict | None) -> list[tuple[str, str]]:
     """A run's evaluation as `tunewright get` and the run's summary say it: (label, "before -> after") for each
     metric measured at the end, e.g. ("token accuracy", "0.3% -> 99.7%"); only the `after` on a resumed run,
     whose `before` was another run's. Nothing for a job without a validation set, or not finished."""
-    before, after = (result or {}).get("eval_before") or {}, (result or {}).get("eval_after") or {}
+    before, after = (result or {}).get("evalBefore") or {}, (result or {}).get("evalAfter") or {}
     said = []
     for name, key, shown in EVALUATED:
         if after.get(key) is None:
             continue
         figure = shown.format(after[key]) if before.get(key) is None else \
             f"{shown.format(before[key])} -> {shown.format(after[key])}"
-        if key == "exact_match" and after.get("exact_match_examples") is not None:
-            count = after["exact_match_examples"]
+        if key == "exactMatch" and after.get("exactMatchExamples") is not None:
+            count = after["exactMatchExamples"]
             figure += f"  ({count} held-out example{'' if count == 1 else 's'})"
         said.append((name, figure))
     return said
@@ -179,13 +179,13 @@ def run_summary(job: dict, metrics: list[dict]) -> str:
              f"plan               {plan['explanation']}",
              f"optimizer steps    {result['steps']}{loss}"]
     lines += [f"{name:18} {said}" for name, said in evaluation(result)]
-    speeds = [m["tokens_per_second"] for m in metrics if m.get("tokens_per_second")]
+    speeds = [m["tokensPerSecond"] for m in metrics if m.get("tokensPerSecond")]
     if speeds:
         lines.append(f"trained tokens/s   {statistics.median(speeds):,.0f} (median), "
                      f"{job['progress']['trainedTokens']:,} tokens")
     lines.append(communication(job["telemetry"], "gloo" if plan["device"] == "cpu" else "nccl"))
     held = f"{plan['gpus']} GPUs" if plan["gpus"] else f"{plan['workers']} CPU workers"
-    seconds = (datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])).total_seconds()
+    seconds = (datetime.fromisoformat(job["finishedAt"]) - datetime.fromisoformat(job["startedAt"])).total_seconds()
     cost = job["telemetry"].get("costUSD")
     lines.append(f"cost               ${cost:,.2f} ({held} held {seconds:.0f} s)" if cost else
                  f"cost               $0.00: the local pool has no price ({held} held {seconds:.0f} s)")
@@ -274,23 +274,24 @@ def files_table(files: list[dict]) -> str:
 
 def events_table(events: list[dict]) -> str:
     """Oldest first, as a log reads."""
-    return "\n".join(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['created_at']))}  {e['level']:7}  "
+    return "\n".join(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e['createdAt']))}  {e['level']:7}  "
                      f"{e['message']}" for e in events)
 
 
 def metrics_table(points: list[dict]) -> str:
-    keys = ["step", "loss", "learning_rate", "grad_norm", "tokens_per_second", "step_seconds"]
-    shown = [k for k in keys if any(k in p for p in points)]
+    headers = {"step": "STEP", "loss": "LOSS", "learningRate": "LEARNING_RATE", "gradNorm": "GRAD_NORM",
+               "tokensPerSecond": "TOKENS_PER_SECOND", "stepSeconds": "STEP_SECONDS"}
+    shown = [k for k in headers if any(k in p for p in points)]
 
     def cell(value):
         return f"{value:.4g}" if isinstance(value, float) else value
-    return columns([k.upper() for k in shown], [[cell(p.get(k)) for k in shown] for p in points])
+    return columns([headers[k] for k in shown], [[cell(p.get(k)) for k in shown] for p in points])
 
 
 def checkpoints_table(checkpoints: list[dict]) -> str:
     return columns(["STEP", "TRAIN_LOSS", "LOCATION", "AGE"],
-                   [[c["step_number"], f"{c['metrics']['train_loss']:.4f}" if c["metrics"].get("train_loss")
-                     is not None else None, c["fine_tuned_model_checkpoint"], age(c["created_at"])]
+                   [[c["stepNumber"], f"{c['metrics']['trainLoss']:.4f}" if c["metrics"].get("trainLoss")
+                     is not None else None, c["fineTunedModelCheckpoint"], age(c["createdAt"])]
                     for c in checkpoints])
 
 
@@ -308,7 +309,7 @@ def pools_table(pools: list[dict]) -> str:
 
 def tokens_table(tokens: list[dict]) -> str:
     return columns(["ID", "TENANT", "ADMIN", "NAME", "AGE"],
-                   [[t["id"], t["tenant"], "yes" if t["admin"] else "no", t["name"] or None, age(t["created_at"])]
+                   [[t["id"], t["tenant"], "yes" if t["admin"] else "no", t["name"] or None, age(t["createdAt"])]
                     for t in tokens])
 
 

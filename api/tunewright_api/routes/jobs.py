@@ -13,9 +13,9 @@ from tunewright_api.models import JobPublic
 from tunewright_api.routes.links import links_from
 from tunewright_api.schemas import (
     ArtifactList,
-    CheckpointList,
     Deleted,
-    EventList,
+    JobCheckpointList,
+    JobEventList,
     JobList,
     JobTelemetryReport,
     LogLines,
@@ -67,15 +67,21 @@ def delete_job(job_id: str, session: SessionDep, backend: BackendDep, tenant: Cu
 
 @router.get("/{job_id}/events")
 def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> EventList:
-    return jobs.events_page(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit, after=after)
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JobEventList:
+    return JobEventList.of(jobs.events_page(session=session, tenant=tenant, job_id=job_id, param="job_id",
+                                            limit=limit, after=after))
 
 
 @router.get("/{job_id}/metrics")
 def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
-                max_points: Annotated[int, Query(ge=2, le=10000)] = 500) -> MetricPointList:
-    """Per-step metrics, downsampled to at most `max_points` (evenly, always keeping the last step)."""
-    return jobs.metric_points(session=session, tenant=tenant, job_id=job_id, max_points=max_points)
+                max_points: Annotated[int, Query(alias="maxPoints", ge=2, le=10000)] = 500,
+                max_points_before: Annotated[int | None, Query(alias="max_points", ge=2, le=10000, deprecated=True,
+                                                               description="Use maxPoints.")] = None
+                ) -> MetricPointList:
+    """Per-step metrics, downsampled to at most `maxPoints` (evenly, always keeping the last step)."""
+    # max_points: the name this query had before the native routes were all camelCase, still understood
+    return jobs.metric_points(session=session, tenant=tenant, job_id=job_id,
+                              max_points=max_points_before or max_points)
 
 
 @router.get("/{job_id}/telemetry")
@@ -94,8 +100,9 @@ def job_diagnosis(job_id: str, session: SessionDep, tenant: CurrentTenant) -> Di
 
 @router.get("/{job_id}/checkpoints")
 def job_checkpoints(job_id: str, session: SessionDep, tenant: CurrentTenant, after: str | None = None,
-                    limit: Annotated[int, Query(ge=1, le=100)] = 100) -> CheckpointList:
-    return jobs.checkpoints(session=session, tenant=tenant, job_id=job_id, param="job_id", limit=limit, after=after)
+                    limit: Annotated[int, Query(ge=1, le=100)] = 100) -> JobCheckpointList:
+    return JobCheckpointList.of(jobs.checkpoints(session=session, tenant=tenant, job_id=job_id, param="job_id",
+                                                 limit=limit, after=after))
 
 
 @router.get("/{job_id}/logs")

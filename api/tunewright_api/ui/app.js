@@ -297,7 +297,7 @@ function jobsPage(query) {
     empty.replaceChildren(status ? `No ${status} jobs.` : "No jobs yet. Submit one with ",
       status ? "" : h("code", {}, "tunewright submit job.yaml"), status ? "" : " (or POST /v1/jobs); see what it would run on the ",
       status ? "" : h("a", {href: "#/plan"}, "Plan"), status ? "" : " page first.");
-    more.hidden = !page.has_more;
+    more.hidden = !page.hasMore;
     updated.textContent = `updated ${new Date().toLocaleTimeString()}`;
     return page.data.some((job) => !TERMINAL.has(job.status)) ? POLL_MS : IDLE_POLL_MS;
   };
@@ -322,7 +322,7 @@ function jobCells(job) {
     ["Strategy", layoutOf(job.plan)],
     ["Cost so far", h("span", {title: cost === null || cost === undefined ? "the pool has no price, or nothing held yet" : ""},
                       fmtUSD(cost))],
-    ["Age", h("span", {title: parseTime(job.created_at)?.toISOString() || ""}, age(job.created_at))],
+    ["Age", h("span", {title: parseTime(job.createdAt)?.toISOString() || ""}, age(job.createdAt))],
   ];
 }
 
@@ -330,7 +330,7 @@ function updateJobRows(tbody, jobs, seen) {
   const rows = new Map([...tbody.children].map((row) => [row.dataset.jobId, row]));
   const ordered = jobs.map((job) => {
     const signature = JSON.stringify([job.status, job.progress, job.telemetry && job.telemetry.costUSD, job.plan && job.plan.strategy,
-                                      age(job.created_at)]);
+                                      age(job.createdAt)]);
     let row = rows.get(job.id);
     if (!row || row.dataset.signature !== signature) {
       const fresh = h("tr", {dataset: {jobId: job.id, status: job.status, signature}},
@@ -605,8 +605,8 @@ function jobPage(jobId) {
     page.dataset.status = j.status;
     cancelButton.hidden = TERMINAL.has(j.status);
     statusSlot.replaceChildren(statusBadge(j.status));
-    const started = parseTime(j.started_at), finished = parseTime(j.finished_at);
-    facts.replaceChildren(`${shortModel(j.model)} · ${methodOf(j)} · ${layoutOf(j.plan)} · submitted ${age(j.created_at)}`,
+    const started = parseTime(j.startedAt), finished = parseTime(j.finishedAt);
+    facts.replaceChildren(`${shortModel(j.model)} · ${methodOf(j)} · ${layoutOf(j.plan)} · submitted ${age(j.createdAt)}`,
       started ? ` · ${finished ? "ran" : "running for"} ${fmtSeconds(((finished || new Date()) - started) / 1000)}` : "",
       h("br"), h("span", {title: "the model it started from"}, j.model));
     progress.replaceChildren(h("div", {class: "progress"},
@@ -643,18 +643,17 @@ function jobPage(jobId) {
   function drawEvaluation(j, t) {
     // before training and after it, as the run's end reported them (with how many answers exact match scored);
     // until it ends, the evaluations so far
-    const evaluations = (t.evaluations || []).map((e) => ({step: e.step, val_loss: e.valLoss, val_token_accuracy: e.valTokenAccuracy,
-                                                          exact_match: e.exactMatch}));
+    const evaluations = t.evaluations || [];
     const result = j.result || {};
     const latest = evaluations[evaluations.length - 1];
-    const before = result.eval_before ?? evaluations.find((e) => e.step === 0);
-    const after = result.eval_after ?? (latest && latest.step > 0 ? latest : null);
-    const examples = after?.exact_match_examples ?? before?.exact_match_examples;
+    const before = result.evalBefore ?? evaluations.find((e) => e.step === 0);
+    const after = result.evalAfter ?? (latest && latest.step > 0 ? latest : null);
+    const examples = after?.exactMatchExamples ?? before?.exactMatchExamples;
     const points = (v) => `${v >= 0 ? "+" : "−"}${Math.abs(v * 100).toFixed(1)} points`;
     const rows = [
-      ["Validation loss", "val_loss", fmtLoss, (v) => `${v >= 0 ? "+" : "−"}${fmtLoss(Math.abs(v))}`],
-      ["Token accuracy", "val_token_accuracy", fmtPct, points],
-      [isNum(examples) ? `Exact match (${fmtInt(examples)} examples)` : "Exact match", "exact_match", fmtPct, points],
+      ["Validation loss", "valLoss", fmtLoss, (v) => `${v >= 0 ? "+" : "−"}${fmtLoss(Math.abs(v))}`],
+      ["Token accuracy", "valTokenAccuracy", fmtPct, points],
+      [isNum(examples) ? `Exact match (${fmtInt(examples)} examples)` : "Exact match", "exactMatch", fmtPct, points],
     ].filter(([, key]) => isNum(before?.[key]) || isNum(after?.[key]));
     evaluationPanel.hidden = !rows.length;
     if (!rows.length) { evaluationPanel.replaceChildren(); return; }
@@ -662,7 +661,7 @@ function jobPage(jobId) {
       h("div", {class: "table-wrap"}, h("table", {id: "evaluation-table"},
         h("caption", {class: "visually-hidden"}, "The validation set's scores before training and after"),
         h("thead", {}, h("tr", {}, h("th", {scope: "col"}, "Metric"), h("th", {scope: "col", class: "num"}, "Before training"),
-          h("th", {scope: "col", class: "num"}, result.eval_after ? `After training (step ${fmtInt(result.steps)})`
+          h("th", {scope: "col", class: "num"}, result.evalAfter ? `After training (step ${fmtInt(result.steps)})`
             : after ? `Latest (step ${fmtInt(after.step)})` : "After training"),
           h("th", {scope: "col", class: "num"}, "Change"))),
         h("tbody", {}, rows.map(([name, key, format, change]) => h("tr", {dataset: {metric: key}},
@@ -706,7 +705,7 @@ function jobPage(jobId) {
     const predicted = plan.predicted;
     const latest = (t && t.latest) || {};
     const peaks = ((t && t.series) || []).map((s) => s.peakMemoryGiB).filter(isNum);
-    const started = parseTime(j.started_at), finished = parseTime(j.finished_at);
+    const started = parseTime(j.startedAt), finished = parseTime(j.finishedAt);
     const elapsed = started ? ((finished || new Date()) - started) / 1000 : null;
     const duration = finished ? elapsed : isNum(elapsed) && isNum(j.progress.etaSeconds) ? elapsed + j.progress.etaSeconds : null;
     const rows = [
@@ -835,9 +834,9 @@ function jobPage(jobId) {
       list.length ? h("div", {class: "table-wrap"}, h("table", {id: "checkpoints-table"},
         h("thead", {}, h("tr", {}, h("th", {scope: "col", class: "num"}, "Step"), h("th", {scope: "col", class: "num"}, "Training loss"),
           h("th", {scope: "col"}, "Where"))),
-        h("tbody", {}, list.map((c) => h("tr", {}, h("td", {class: "num"}, fmtInt(c.step_number)),
-          h("td", {class: "num"}, fmtLoss(c.metrics && c.metrics.train_loss)),
-          h("td", {class: "wrap"}, h("code", {}, c.fine_tuned_model_checkpoint))))))) :
+        h("tbody", {}, list.map((c) => h("tr", {}, h("td", {class: "num"}, fmtInt(c.stepNumber)),
+          h("td", {class: "num"}, fmtLoss(c.metrics && c.metrics.trainLoss)),
+          h("td", {class: "wrap"}, h("code", {}, c.fineTunedModelCheckpoint))))))) :
         h("p", {class: "muted"}, "None committed yet (checkpoint.everySteps sets how often)."),
       ...(list.length ? [h("p", {class: "muted"}, "A retried or resumed run starts from the newest.")] : []));
   }
@@ -847,7 +846,7 @@ function jobPage(jobId) {
     const lifecycle = all.filter((e) => !STEP_EVENT.test(e.message));
     stepCount.textContent = `(${all.length - lifecycle.length})`;
     eventRows.replaceChildren(...(stepToggle.checked ? all : lifecycle).slice(0, 300).map((e) => h("tr", {dataset: {level: e.level}},
-      h("td", {title: new Date(e.created_at * 1000).toISOString()}, new Date(e.created_at * 1000).toLocaleTimeString()),
+      h("td", {title: new Date(e.createdAt * 1000).toISOString()}, new Date(e.createdAt * 1000).toLocaleTimeString()),
       h("td", {class: `wrap ${e.level === "error" ? "error-text" : ""}`}, e.message))));
   }
 
