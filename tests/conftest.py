@@ -1,8 +1,14 @@
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton's kernels (bf16_adamw_fused) run in its interpreter where there is no GPU; set before transformers
+    # and peft import Triton (a kernel defined before it is set would be compiled for a GPU)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tunewright_jobs.tiny import build_model
 

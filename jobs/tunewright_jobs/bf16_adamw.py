@@ -9,15 +9,21 @@ exact in expectation, so small updates accumulate as they would in fp32 (Gupta e
 Limited Numerical Precision"; Zamirai et al. 2020 for bf16 weights and moments).
 
 The arithmetic of a step is fp32 (AdamW's, as torch's: decoupled weight decay, bias-corrected moments); only
-what is stored is bf16. It runs a chunk of each tensor at a time, so its fp32 temporaries stay small. The random
-bits of a parameter's update come from a generator seeded by (the job's seed, the step, the parameter's place):
-every replica of a parameter (DDP, HSDP) rounds it the same way and stays identical to the others, and a resumed
-run draws what an uninterrupted one would, with nothing to checkpoint.
+what is stored is bf16. On a GPU it is one Triton kernel per parameter (bf16_adamw_fused.py: each element read and
+written once); elsewhere eager torch, a chunk of each tensor at a time, so its fp32 temporaries stay small. The
+random bits of a parameter's update are keyed by (the job's seed, the step, the parameter's place): every replica
+of a parameter (DDP, HSDP) rounds it the same way and stays identical to the others, and a resumed run draws what
+an uninterrupted one would, with nothing to checkpoint.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 ROUNDING_BITS = 16  # an fp32 keeps 16 more mantissa bits than a bf16
 CHUNK_ELEMENTS = 1 << 24  # per update: ~24 bytes of fp32 temporaries an element, ~400 MB at most
@@ -41,13 +47,37 @@ def stochastic_round_(target: torch.Tensor, value: torch.Tensor, generator: torc
     target.copy_(value.masked_fill_(nan, float("nan")))  # exact: the dropped bits are zero
 
 
+@functools.cache
+def _fused_kernel():
+    """The fused update's module, or None where Triton does not import (said once)."""
+    try:
+        from tunewright_jobs import bf16_adamw_fused
+    except ImportError as err:
+        log.warning("bf16 optimizer state: Triton is not importable (%s); the update runs in eager torch", err)
+        return None
+    return bf16_adamw_fused
+
+
 class Bf16AdamW(torch.optim.Optimizer):
-    """torch.optim.AdamW's update, for bf16 parameters and moments, stored with stochastic rounding."""
+    """torch.optim.AdamW's update, for bf16 parameters and moments, stored with stochastic rounding.
+
+    `fused`: None (default) fuses the update of a CUDA parameter when Triton imports; True fuses every one (a CPU
+    tensor needs Triton's interpreter: the tests); False never does."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, seed: int = 0):
+                 weight_decay: float = 0.01, seed: int = 0, fused: bool | None = None):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.seed = seed
+        self.fused = fused
+
+    def _kernel_for(self, *tensors: torch.Tensor):
+        """The fused update's module where it updates these tensors, else None (the eager update)."""
+        if self.fused is False or (self.fused is None and not tensors[0].is_cuda):
+            return None
+        kernel = _fused_kernel()
+        if kernel is None and self.fused:
+            raise RuntimeError("Bf16AdamW(fused=True) needs Triton")
+        return kernel if kernel is not None and all(kernel.fits(t) for t in tensors) else None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -70,10 +100,15 @@ class Bf16AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
                 step = float(state["step"])
-                generator = torch.Generator(device=_local(p).device)
-                generator.manual_seed(hash((self.seed, int(step), place)) & (2**63 - 1))
-                for chunk in zip(*(_local(t).view(-1).split(CHUNK_ELEMENTS)
-                                   for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])), strict=True):
+                seed = hash((self.seed, int(step), place)) & (2**63 - 1)
+                tensors = [_local(t) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+                if (kernel := self._kernel_for(*tensors)) is not None:
+                    kernel.adamw_update_(*tensors, step=step, lr=group["lr"], beta1=beta1, beta2=beta2,
+                                         eps=group["eps"], weight_decay=group["weight_decay"], seed=seed)
+                    continue
+                generator = torch.Generator(device=tensors[0].device)
+                generator.manual_seed(seed)
+                for chunk in zip(*(t.view(-1).split(CHUNK_ELEMENTS) for t in tensors), strict=True):
                     self._update(*chunk, step, group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
                                  generator)
 

@@ -152,3 +152,14 @@ def test_unsloth_is_a_baseline_of_its_own_in_the_summary(tmp_path):
     skipped = vs_hf.run_hf("llama8b-lora", vs_hf.CASES["llama8b-lora"], "unsloth", tmp_path, tmp_path, tmp_path, 10,
                            smoke=True)
     assert skipped == {"skipped": "Unsloth needs a CUDA GPU"}
+
+
+def test_the_optimizer_step_check_times_both_bf16_updates_and_torchs(tmp_path):
+    out = tmp_path / "optimizer_step.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "optimizer_step_check.py"), "--smoke",
+                           "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"})  # the fused kernel, interpreted
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["name"] for r in runs] == ["bf16-fused", "bf16-eager", "fp32-torch-fused"]
+    assert len({r["parameters"] for r in runs}) == 1 and all(r["seconds_per_step"] > 0 for r in runs)

@@ -23,7 +23,8 @@ measured) is paid per micro-batch, whatever its tokens.
 
 Full fine-tuning with `optimizer_state` bf16 (jobs' bf16_adamw.py) holds the weights and both moments in bf16 and
 the gradients in bf16: 8 bytes a parameter instead of 16, and on `single` no compute copy (the model is bf16
-already). Its optimizer step is unfused torch: `BF16_STATE_ADAMW_BYTES_PER_PARAM`, counted, not measured.
+already). Its optimizer step on a GPU is one Triton kernel (jobs' bf16_adamw_fused.py):
+`BF16_STATE_ADAMW_BYTES_PER_PARAM`, counted, not measured.
 
 FP8 (`precision` fp8, jobs' fp8.py) runs the blocks' linear products at the GPU's FP8 rate (at the bf16 matmul
 efficiency: not measured) and adds their casts: every product's input in forward (and recompute, and dpo's
@@ -42,14 +43,12 @@ from tunewright_core.planner.comm import Group, UnitBytes, UnitCompute, step_com
 from tunewright_core.planner.hardware import GPU, Link, Pool
 from tunewright_core.planner.models import ModelProfile
 
+BF16, FP32 = 2, 4
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
-# bf16_adamw's step in eager torch, by count of its kernels' reads and writes per element: widening the gradient,
-# both moments and the weight to fp32 (6 each: 24), the moments' and the update's arithmetic (9 passes: 88), three
-# stochastic roundings (44 each: NaN mask, random bits, add, mask, NaN kept, narrowing)
-BF16_STATE_ADAMW_BYTES_PER_PARAM = 24 + 88 + 3 * 44
+# bf16_adamw's fused step on a GPU: reads the bf16 weight, gradient and moments, writes the weight and moments
+BF16_STATE_ADAMW_BYTES_PER_PARAM = 4 * BF16 + 3 * BF16
 # an FP8 cast compiled into a reduction (amax: read 2) and one pass (read 2, write 1)
 FP8_CAST_BYTES = 5
-BF16, FP32 = 2, 4
 NF4 = 0.52  # QLoRA's 4-bit base with double-quantized block constants (QLoRA paper), per block weight
 
 
