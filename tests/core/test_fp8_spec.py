@@ -63,6 +63,21 @@ def test_the_plan_says_whether_fp8_pays_and_widens_its_band():
     assert plan.predicted.step_seconds < plan_job(spec(), ONE_H200, CAL, LLAMA_8B).predicted.step_seconds
 
 
+def test_fp8_is_weighed_against_the_plan_bf16_products_would_have_had():
+    """On one L4, Mistral-7B LoRA: FP8 and bf16 products are each best on a layout of their own; FP8 beats bf16
+    on FP8's layout but not bf16's own plan, and the explanation says so and what to set."""
+    l4 = Pool("l4", GPUS["L4"], 1, 1, LINKS["pcie4"], None, 0.8)
+    mistral = CATALOG["mistralai/Mistral-7B-v0.3"]
+    fp8, bf16 = plan_job(spec("fp8"), l4, CAL, mistral), plan_job(spec("bf16"), l4, CAL, mistral)
+    assert fp8.micro_batch != bf16.micro_batch
+    assert "with bf16 products on this layout, so it pays" in fp8.explanation
+    assert (f"bf16 products' own plan (single on 1 GPU(s), micro-batch {bf16.micro_batch}, step "
+            f"{bf16.predicted.step_seconds:.3f} s): fp8 is no better by cost") in fp8.explanation
+    assert fp8.explanation.endswith("set resources.precision bf16.")
+    # where both choose one layout, the layout's comparison is the whole answer
+    assert "own plan" not in plan_job(spec("fp8"), ONE_H200, CAL, LLAMA_8B).explanation
+
+
 def test_a_gpu_without_fp8_tensor_cores_is_refused():
     a100 = Pool("a100", GPUS["A100-80GB"], 8, 1, LINKS["nvlink3"], None, 2.0)
     with pytest.raises(NoPlan, match="the A100-80GB has no FP8 tensor cores"):

@@ -254,19 +254,40 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
                                        reason=_compare(c, chosen, objective)))
     made = _to_plan(w, chosen, best, pool, objective, _noting(rejected, cap), cap, evidence)
     if w.precision == "fp8":
-        made = made.model_copy(update={"precision": "fp8",
-                                       "explanation": f"{made.explanation} {_fp8_pays(w, chosen, pool, cal)}"})
+        try:  # bf16 products may be best on another layout (FP8 holds its casts: less room for a micro-batch)
+            bf16_plan: JobPlan | None = plan(replace(w, precision="bf16"), pool, cal, objective, strategy, max_gpus,
+                                             budget_usd, deadline_seconds)
+        except NoPlan:
+            bf16_plan = None
+        made = made.model_copy(update={"precision": "fp8", "explanation": (
+            f"{made.explanation} {_fp8_pays(w, chosen, pool, cal, objective, bf16_plan)}")})
     return made
 
 
-def _fp8_pays(w: Workload, c: Candidate, pool: Pool, cal: Calibration) -> str:
-    """Whether FP8 pays on the chosen layout: its step against the same layout's with bf16 products."""
+def _fp8_pays(w: Workload, c: Candidate, pool: Pool, cal: Calibration, objective: str,
+              bf16_plan: JobPlan | None) -> str:
+    """Whether FP8 pays: its step against the same layout's with bf16 products, then, by the objective's
+    measure, against the plan bf16 products would have had on a layout of their own."""
     bf16 = estimate(replace(w, precision="bf16"), c.layout, pool, cal).step_seconds
     fp8 = c.estimate.step_seconds
     verdict = (f"pays: {bf16 / fp8 - 1:.0%} faster" if fp8 < bf16 * (1 - NEAR_TIE)
                else f"does not pay here: {fp8 / bf16 - 1:+.0%} (its casts cost what its products save)")
-    return (f"fp8: step {fp8:.3f} s against {bf16:.3f} s with bf16 products on this layout, so it {verdict}; "
+    said = (f"fp8: step {fp8:.3f} s against {bf16:.3f} s with bf16 products on this layout, so it {verdict}; "
             "counted, not measured (the FP8 rate at the bf16 matmul efficiency, the casts in bytes).")
+    if bf16_plan is None:
+        return f"{said} bf16 products have no plan here."
+    other = bf16_plan.predicted
+    if objective.startswith("cheapest"):
+        ours, theirs, measure, better = c.cost_usd, other.cost_usd, "cost", "cheaper"
+    else:
+        ours, theirs, measure, better = c.duration_seconds, other.duration_seconds, "duration", "faster"
+    if (bf16_plan.strategy, bf16_plan.gpus, bf16_plan.micro_batch, bf16_plan.grad_accum) == (
+            c.layout.strategy, c.layout.gpus, c.layout.micro_batch, c.layout.grad_accum):
+        return said
+    compared = (f"{1 - ours / theirs:.0%} {better}" if ours < theirs * (1 - NEAR_TIE) else
+                f"no better by {measure} ({ours / theirs - 1:+.0%}): set resources.precision bf16")
+    return (f"{said} bf16 products' own plan ({bf16_plan.strategy} on {bf16_plan.gpus} GPU(s), micro-batch "
+            f"{bf16_plan.micro_batch}, step {other.step_seconds:.3f} s): fp8 is {compared}.")
 
 
 def _noting(rejected: list[RejectedOption], cap: BatchCap | None) -> list[RejectedOption]:
