@@ -53,7 +53,7 @@ class ModelJSON(TypeDecorator):
     cache_ok = True
 
     def __init__(self, model: type[BaseModel]):
-        super().__init__()
+        super().__init__(none_as_null=True)  # no value is SQL NULL, not JSON null: `IS NULL` finds it
         self.model = model
 
     def process_bind_param(self, value, dialect):

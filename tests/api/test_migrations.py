@@ -100,3 +100,17 @@ def test_a_model_holding_column_reads_a_row_it_cannot_validate_as_none_and_rende
     assert column.process_bind_param(ClusterRef(namespace="a", name="b"), None) == {"namespace": "a", "name": "b",
                                                                                    "missed": 0}
     assert render_for_alembic("type", column, None) == "sa.JSON()"
+
+
+def test_a_model_holding_column_without_a_value_is_sql_null(tmp_path):
+    from tunewright_api.models import Job
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    migrate(engine)
+    with Session(engine) as session:
+        tenant = Tenant(name="team-a")
+        session.add(tenant)
+        session.flush()
+        session.add(Job(id="ftjob-1", tenant_id=tenant.id, model="m", spec={}))
+        session.commit()
+        assert session.exec(select(Job.id).where(Job.plan.is_(None), Job.cluster.is_(None))).all() == ["ftjob-1"]
