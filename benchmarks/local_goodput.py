@@ -92,13 +92,13 @@ def run_mode(shared_ray: bool, kit: Path, jobs: int, steps: int) -> list[dict]:
                                                                                           "cancelled"):
                 time.sleep(0.5)
             events = client.get(f"/v1/jobs/{job['id']}/events", params={"limit": 1000}).json()["data"]
-            first_step = min((e["created_at"] for e in events if e.get("type") == "metrics"
-                              and (e.get("data") or {}).get("train_loss") is not None), default=None)
+            first_step = min((e["createdAt"] for e in events if e.get("type") == "metrics"
+                              and (e.get("data") or {}).get("trainLoss") is not None), default=None)
             diagnosis = client.get(f"/v1/jobs/{job['id']}/diagnosis").json()
             out.append({"shared_ray": shared_ray, "job": job["id"], "status": job["status"],
-                        "queued_seconds": since(submitted, unix(job.get("started_at"))),
-                        "start_to_first_step_seconds": since(unix(job.get("started_at")), first_step),
-                        "held_seconds": since(unix(job.get("started_at")), unix(job.get("finished_at"))),
+                        "queued_seconds": since(submitted, unix(job.get("startedAt"))),
+                        "start_to_first_step_seconds": since(unix(job.get("startedAt")), first_step),
+                        "held_seconds": since(unix(job.get("startedAt")), unix(job.get("finishedAt"))),
                         "step_seconds": diagnosis.get("measuredStepSeconds"), "steps": steps,
                         "goodput": diagnosis.get("goodput")})
         return out

@@ -11,6 +11,8 @@ Imported only where it runs: a CUDA parameter, or Triton's interpreter (TRITON_I
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +30,7 @@ def _stochastic_round(value, noise):
     return tl.where(value != value, value, rounded).to(tl.bfloat16)  # a NaN's bits would wrap: kept as NaN
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])  # one compiled kernel whatever the step's seed
 def _adamw_kernel(weight_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, n, lr, beta1, beta2, eps, decay,
                   step_size, bias_correction2, seed, BLOCK_SIZE: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -48,8 +50,9 @@ def _adamw_kernel(weight_ptr, grad_ptr, exp_avg_ptr, exp_avg_sq_ptr, n, lr, beta
 
 
 def fits(t: torch.Tensor) -> bool:
-    """Whether one launch can update `t` (its elements indexed in 32 bits)."""
-    return t.numel() <= MAX_ELEMENTS
+    """Whether one launch can update `t`: its elements contiguous (the kernel walks memory from its start) and
+    indexed in 32 bits."""
+    return t.is_contiguous() and t.numel() <= MAX_ELEMENTS
 
 
 def adamw_update_(weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
@@ -57,6 +60,8 @@ def adamw_update_(weight: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tenso
                   seed: int) -> None:
     """One AdamW step of bf16 `weight` and moments, in place, from a bf16 `grad` (all contiguous, one device)."""
     n = weight.numel()
-    _adamw_kernel[(triton.cdiv(n, BLOCK),)](
-        weight, grad, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, lr / (1 - beta1 ** step),
-        1 - beta2 ** step, seed, BLOCK_SIZE=BLOCK)
+    # Triton launches on the current device: the tensors' own
+    with torch.cuda.device(weight.device) if weight.is_cuda else contextlib.nullcontext():
+        _adamw_kernel[(triton.cdiv(n, BLOCK),)](
+            weight, grad, exp_avg, exp_avg_sq, n, lr, beta1, beta2, eps, weight_decay, lr / (1 - beta1 ** step),
+            1 - beta2 ** step, seed, BLOCK_SIZE=BLOCK)

@@ -111,3 +111,5 @@ def test_the_optimizer_takes_the_fused_path_when_asked_and_matches_the_eager_one
     assert Bf16AdamW([torch.nn.Parameter(on_cpu)], lr=1e-3, fused=True)._kernel_for(on_cpu) is fused
     huge = torch.empty(2**31, dtype=torch.bfloat16, device="meta")  # past the kernel's 32-bit index: eager
     assert Bf16AdamW([torch.nn.Parameter(on_cpu)], lr=1e-3, fused=True)._kernel_for(huge) is None
+    columns = torch.zeros(4, 8, dtype=torch.bfloat16)[:, :4]  # strided: the kernel would walk past it
+    assert Bf16AdamW([torch.nn.Parameter(columns)], lr=1e-3, fused=True)._kernel_for(columns) is None

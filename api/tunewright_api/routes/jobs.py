@@ -74,14 +74,15 @@ def job_events(job_id: str, session: SessionDep, tenant: CurrentTenant, after: s
 
 @router.get("/{job_id}/metrics")
 def job_metrics(job_id: str, session: SessionDep, tenant: CurrentTenant,
-                max_points: Annotated[int, Query(alias="maxPoints", ge=2, le=10000)] = 500,
+                max_points: Annotated[int | None, Query(alias="maxPoints", ge=2, le=10000,
+                                                        description="At most this many points (default 500).")] = None,
                 max_points_before: Annotated[int | None, Query(alias="max_points", ge=2, le=10000, deprecated=True,
                                                                description="Use maxPoints.")] = None
                 ) -> MetricPointList:
     """Per-step metrics, downsampled to at most `maxPoints` (evenly, always keeping the last step)."""
     # max_points: the name this query had before the native routes were all camelCase, still understood
-    return jobs.metric_points(session=session, tenant=tenant, job_id=job_id,
-                              max_points=max_points_before or max_points)
+    points = max_points or max_points_before or 500
+    return jobs.metric_points(session=session, tenant=tenant, job_id=job_id, max_points=points)
 
 
 @router.get("/{job_id}/telemetry")
