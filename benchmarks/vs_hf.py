@@ -7,7 +7,9 @@ after every run (a cut-off call keeps what finished).
 Systems: `hf`, `hf+liger` (`Trainer(..., use_liger_kernel=True)`), `unsloth` (2026.10.9 with unsloth_zoo, trl, datasets
 and a bitsandbytes slimmed to the GPU's CUDA, carried to the GPU machine as wheels; SDPA there: flash-attn is
 not in the image), `tunewright` (its defaults: every fast path on), and the levers one by one for the accounting: `tw-plain` (all off: the runtime before them),
-`tw-fused` (+ fused linear cross-entropy), `tw-fused-varlen` (+ varlen attention; + compile = `tunewright`).
+`tw-fused` (+ fused linear cross-entropy), `tw-fused-varlen` (+ varlen attention; + compile = `tunewright`), and
+`tw-recompute` (`tunewright` + `kernels.recompute`: its compiled blocks recompute their elementwise work in
+backward, keeping a third fewer activations).
 
   python benchmarks/vs_hf.py --out benchmarks/results/vs_hf_h200.json                 # every case
   python benchmarks/vs_hf.py --out ... --cases llama1b-full gpt2-full --systems tunewright hf
@@ -64,6 +66,7 @@ TW_SYSTEMS = {  # job config sections over the runtime's defaults
     "tw-plain": {"model": {"attn_implementation": "sdpa"}, "kernels": {"fused_loss": "off", "compile": "off"}},
     "tw-fused": {"model": {"attn_implementation": "sdpa"}, "kernels": {"compile": "off"}},
     "tw-fused-varlen": {"kernels": {"compile": "off"}},
+    "tw-recompute": {"kernels": {"recompute": "on"}},  # + fewer activations kept (kernels.recompute)
 }
 HF_SYSTEMS = ("hf", "hf+liger", "unsloth")  # hf_baseline.py runs each
 SYSTEMS = (*TW_SYSTEMS, *HF_SYSTEMS)

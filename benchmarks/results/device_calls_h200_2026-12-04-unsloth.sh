@@ -5,4 +5,4 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-unsloth/*.whl && tar -xJf .whl-unsloth/bnb-slim.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site || exit
 export HF_HUB_OFFLINE=1
 mkdir -p $OUT
-python3 benchmarks/vs_hf.py --out $OUT/vs_unsloth.json --cases llama1b-lora --systems tunewright unsloth hf 2>&1 | tail -12
+python3 benchmarks/vs_hf.py --out $OUT/vs_unsloth.json --cases llama1b-lora --systems tunewright tw-recompute unsloth hf 2>&1 | tail -14

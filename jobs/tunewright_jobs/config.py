@@ -237,6 +237,12 @@ class KernelsConfig(_Strict):
     compile: Literal["auto", "on", "off"] = Field(
         default="auto", description="torch.compile each decoder block. auto: on CUDA."
     )
+    recompute: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="The compiled blocks recompute their elementwise work in backward (norms, the gated MLP's "
+                    "product) instead of keeping its outputs: about a third less activation memory for a Llama "
+                    "block, for some memory-bound work. Needs compile. auto: off until measured on a GPU.",
+    )
 
 
 class CheckpointConfig(_Strict):

@@ -10,7 +10,9 @@
   hold one document each through causal SDPA, cuDNN's kernel first (on one H200 1.36-1.57x
   FlashAttention-2's speed on the benchmark's shapes: benchmarks/results/attention_kernels_h200.json);
 - **regional torch.compile**: each decoder block's forward compiled (norms, RoPE, SwiGLU and residuals
-  fused); FSDP2's hooks stay outside, so sharding is unchanged.
+  fused); FSDP2's hooks stay outside, so sharding is unchanged. With `kernels.recompute` the compiler is asked
+  to keep fewer activations (`RECOMPUTE_MEMORY_BUDGET`): on a Llama block it then recomputes the norms and the
+  gated MLP's product in backward (elementwise work, fused into backward's kernels) and keeps a third less.
 
 CUDA-only paths fall back on the CPU; `resolve` says which path each run takes and why.
 """
@@ -37,6 +39,10 @@ VARLEN = "tunewright_varlen"  # our attention's name in transformers' registry
 ONE_DOCUMENT_ROWS = "tw_one_document_rows"  # the attention kwarg saying every row holds one document
 # Logits held at once by the fused loss: chunk tokens x vocabulary (fp32: 1 GiB).
 FUSED_LOSS_CHUNK_ELEMENTS = 1 << 28
+# kernels.recompute: the activations a compiled block may keep, as a share of what it keeps by default. The
+# compiler meets it with the cheapest recomputation it finds: on a Llama block the elementwise work alone,
+# which brings it to ~0.68 (tests/jobs/test_recompute.py); a lower budget starts recomputing matrix products.
+RECOMPUTE_MEMORY_BUDGET = 0.8
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class Kernels:
     fused_loss: bool
     compile_blocks: bool
     reasons: tuple[str, ...] = ()
+    recompute: bool = False  # the compiled blocks keep fewer activations (RECOMPUTE_MEMORY_BUDGET)
 
     def describe(self) -> str:
         return "; ".join(self.reasons)
@@ -141,7 +148,15 @@ def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype
         compile_blocks, why = False, "compile: off" + (" (CPU: compiling costs more than it saves here)"
                                                       if k.compile == "auto" else "")
     reasons.append(why)
-    return Kernels(attention, fused, compile_blocks, tuple(reasons))
+
+    if k.recompute == "on" and not compile_blocks:
+        raise ValueError("kernels.recompute: the compiler recomputes the blocks' elementwise work, and this run "
+                         f"does not compile them ({why}): set kernels.compile on, or recompute off")
+    recompute = k.recompute == "on"
+    reasons.append("recompute: elementwise work in backward (asked for)" if recompute else
+                   "recompute: off" + (" (not yet measured on a GPU)" if k.recompute == "auto" and compile_blocks
+                                       else ""))
+    return Kernels(attention, fused, compile_blocks, tuple(reasons), recompute)
 
 
 def prepare(cfg: JobConfig, model, device: torch.device) -> Kernels:
@@ -435,11 +450,15 @@ def for_evaluation(model):
 # --- regional compile --------------------------------------------------------------------------------
 
 
-def compile_blocks(blocks: list[torch.nn.Module]) -> None:
+def compile_blocks(blocks: list[torch.nn.Module], recompute: bool = False) -> None:
     """Each decoder block's forward compiled in place: parameter names, state dicts and FSDP2's hooks (which
-    run around forward, in eager) stay as they are. One graph serves every block of the same shape."""
+    run around forward, in eager) stay as they are. One graph serves every block of the same shape. With
+    `recompute`, the blocks keep fewer activations (for this process: the compiler reads it as it compiles)."""
     import torch._dynamo
+    import torch._functorch.config
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    if recompute:
+        torch._functorch.config.activation_memory_budget = RECOMPUTE_MEMORY_BUDGET
     for block in blocks:
         block.forward = torch.compile(block.forward)

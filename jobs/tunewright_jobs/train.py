@@ -367,7 +367,7 @@ class Trainer:
         blocks = transformer_blocks(model)  # found by class name, which sharding changes
         self.model, self.masters = wrap_model(cfg, model, dist)
         if self.kernels.compile_blocks:
-            compile_blocks(blocks)
+            compile_blocks(blocks, self.kernels.recompute)
         self.objective = build_objective(cfg, self.model, frozen, self.kernels, dist, self.tokenizer.pad_token_id)
         seed_everything(cfg.hyperparameters.seed + 1 + dist.rank)
         self.model.train()

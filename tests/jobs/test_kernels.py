@@ -129,6 +129,16 @@ def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, l
     assert why in kernels.describe()
 
 
+def test_recompute_is_asked_for_on_compiled_blocks_only(hopper):
+    asked = resolve(job(kernels={"compile": "on", "recompute": "on"}), CPU, LLAMA, torch.float32)
+    assert asked.recompute and "recompute: elementwise work in backward (asked for)" in asked.describe()
+    default = resolve(job(), CUDA, LLAMA, BF16)
+    assert not default.recompute and "recompute: off (not yet measured on a GPU)" in default.describe()
+    assert not resolve(job(), CPU, LLAMA, torch.float32).recompute
+    with pytest.raises(ValueError, match="kernels.recompute: .* does not compile them .*set kernels.compile on"):
+        resolve(job(kernels={"recompute": "on"}), CPU, LLAMA, torch.float32)
+
+
 def test_an_older_gpu_gets_sdpa(hopper, monkeypatch):
     monkeypatch.setattr("torch.cuda.get_device_capability", lambda device=None: (7, 0))  # V100
     assert "attention: sdpa (varlen attention needs an Ampere or newer GPU)" in resolve(job(), CUDA, LLAMA,
