@@ -14,11 +14,13 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
 import tempfile
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 import tunewright_core.records as records  # where core is, for Ray's local workers
@@ -89,6 +91,22 @@ def connect_ray() -> None:
     path = os.pathsep.join(p for p in (*dict.fromkeys(source_roots), os.environ.get("PYTHONPATH")) if p)
     ray.init(address="local", runtime_env={"env_vars": {"PYTHONPATH": path}}, include_dashboard=False,
              _temp_dir=temp_dir)
+
+
+def own_ray_auth(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables that give the Ray a run starts a token of its own: its GCS listens on every interface of
+    the host, and whoever reaches it runs code as this user. Ray's processes inherit them from this one. A
+    token (or an auth mode) already set is kept."""
+    return {"RAY_AUTH_MODE": environ.get("RAY_AUTH_MODE") or "token",
+            "RAY_AUTH_TOKEN": environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)}
+
+
+def secure_own_ray(no_ray: bool) -> None:
+    """A run that will start its own Ray gives it a token (`own_ray_auth`). Ray reads the variables once, when it
+    is imported: set only before that (this process's entry point); a process that imported Ray already keeps
+    what it read, or its own driver could not join the Ray it starts."""
+    if not no_ray and not os.environ.get("RAY_ADDRESS", "").strip() and "ray" not in sys.modules:
+        os.environ.update(own_ray_auth(os.environ))
 
 
 def storage_uri(storage: str) -> str:
@@ -191,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-failures", type=int, default=0,
                         help="Ray: worker-group restarts from the newest checkpoint before giving up")
     args = parser.parse_args(argv)
+    secure_own_ray(args.no_ray)
     _configure_logging()
     if args.no_ray and "TORCHELASTIC_RUN_ID" in os.environ:
         die_with_launcher()

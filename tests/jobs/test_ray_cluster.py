@@ -47,6 +47,45 @@ def test_without_ray_address_a_run_starts_its_own_cluster(fake_ray, monkeypatch)
     assert Path(call["_temp_dir"]).name.startswith("tunewright-ray-")  # not the host-wide /tmp/ray
 
 
+def test_the_ray_a_run_starts_has_a_token_of_its_own_unless_one_is_set(monkeypatch):
+    first, second = run.own_ray_auth({}), run.own_ray_auth({})
+    assert first["RAY_AUTH_MODE"] == "token" and first["RAY_AUTH_TOKEN"] != second["RAY_AUTH_TOKEN"]
+    assert run.own_ray_auth({"RAY_AUTH_TOKEN": "theirs"})["RAY_AUTH_TOKEN"] == "theirs"
+    assert run.own_ray_auth({"RAY_AUTH_MODE": "disabled"})["RAY_AUTH_MODE"] == "disabled"  # said by its owner
+    # set only where Ray is yet to be imported, for a run with Ray and no cluster given
+    for no_ray, address, imported, secured in ((False, "", False, True), (True, "", False, False),
+                                               (False, "10.0.0.1:6379", False, False), (False, "", True, False)):
+        environ = {"RAY_ADDRESS": address}
+        monkeypatch.setattr(os, "environ", environ)
+        monkeypatch.setattr(sys, "modules", {**sys.modules, "ray": object()} if imported else
+                            {k: v for k, v in sys.modules.items() if k != "ray"})
+        run.secure_own_ray(no_ray)
+        assert ("RAY_AUTH_TOKEN" in environ) == secured, (no_ray, address, imported)
+
+
+@pytest.mark.slow  # starts a Ray
+def test_only_the_run_can_join_the_ray_it_started():
+    """Its GCS listens on every interface: a process without the run's token is refused, one with it joins."""
+    probe = ("import os, subprocess, sys\n"
+             "from tunewright_jobs.run import connect_ray, secure_own_ray\n"
+             "secure_own_ray(no_ray=False)  # as the run's entry point does, before Ray is imported\n"
+             "import ray\n"
+             "connect_ray()\n"
+             "address = ray.get_runtime_context().gcs_address\n"
+             "join = f'import ray; ray.init(address={address!r}); print(\"joined\")'\n"
+             "bare = {k: v for k, v in os.environ.items() if not k.startswith('RAY_AUTH_')}\n"
+             "for name, env in (('without', bare), ('with', dict(os.environ))):\n"
+             "    done = subprocess.run([sys.executable, '-c', join], env=env, capture_output=True, text=True,\n"
+             "                          timeout=120)\n"
+             "    print(name, 'joined' in done.stdout)\n"
+             "ray.shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH_"))}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=400,
+                         env={**env, "PYTHONPATH": python_path()})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [line for line in out.stdout.splitlines() if line.startswith("with")] == ["without False", "with True"]
+
+
 def test_a_given_cluster_is_used_and_not_replaced_when_unreachable(fake_ray, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     run.connect_ray()
