@@ -261,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     measurements = load_measurements(args.measurements)
     if args.command == "fit":
         calibration, gpu = fit(measurements, GPUS["H200"])
-        save(args.out, calibration, gpu, sorted(p.name for p in args.measurements))
+        sources = sorted(p.name for p in args.measurements)
+        if args.out.exists():  # QLoRA's constant is qlora_fit's, fitted on runs of its own: kept
+            kept = json.loads(args.out.read_text())
+            calibration = replace(calibration, nf4_dequant_bytes_per_param=load(args.out)[0].nf4_dequant_bytes_per_param)
+            sources += [s for s in kept["measurements"] if s.startswith("qlora_check")]
+        save(args.out, calibration, gpu, sources)
     else:
         calibration, gpu = load(args.calibration)
     rows = compare(measurements, calibration, gpu)

@@ -42,10 +42,11 @@ from tunewright_core.planner.search import (
     evaluate,
     plan,
 )
-from tunewright_fit import calibration_fit
+from tunewright_fit import calibration_fit, qlora_fit
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 MEASURED = sorted(RESULTS.glob("gpu_*_h200.json"))
+QLORA_MEASURED = sorted(RESULTS.glob("qlora_check_h200_*.json"))
 SINGLE_ON_MASTERS = RESULTS / "gpu_calibration_h200_single_masters.json"  # not in the fit: a later runtime's
 CAL, H200 = calibration.load()
 
@@ -561,6 +562,14 @@ def test_qlora_pays_for_dequantizing_every_pass_per_micro_batch():
     # the blocks' weights shrink from 2 bytes to ~0.52; one module at a time is dequantized for its product
     saved = blocks * (2 - 0.52) - 2 * w.model.hidden * w.model.ffn
     assert bf16.peak_memory_bytes - one.peak_memory_bytes == pytest.approx(saved, rel=1e-6)
+
+
+def test_committed_qlora_constant_is_the_fit_of_the_committed_qlora_runs_and_predicts_them():
+    runs = qlora_fit.load_runs(QLORA_MEASURED)
+    assert qlora_fit.fit(runs, CAL, H200) == pytest.approx(CAL.nf4_dequant_bytes_per_param, rel=1e-6)
+    compiled = [r for r in qlora_fit.compare(runs, CAL, H200) if r["compiled"]]
+    assert compiled and all(abs(r["step_error"]) <= 0.10 for r in compiled)
+    assert all(r["memory_error"] >= -MEMORY_UNDER_PREDICTION_BOUND for r in compiled)
 
 
 def test_qlora_plans_one_gpu_or_ddp_and_never_offloads():

@@ -26,6 +26,16 @@ def save(path: Path, calibration: Calibration, gpu: GPU, sources: list[str]) -> 
     _read.cache_clear()
 
 
+def update(path: Path, constants: dict[str, float], sources: list[str], replacing: str) -> None:
+    """`path` with these constants replaced and these runs among its sources (in place of those whose names
+    start with `replacing`): a fit of some constants on runs of their own (qlora_fit), the rest kept."""
+    data = json.loads(path.read_text())
+    data["calibration"].update(constants)
+    data["measurements"] = sorted({*(s for s in data["measurements"] if not s.startswith(replacing)), *sources})
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    _read.cache_clear()
+
+
 SCALE_FILE = Path(__file__).with_name("scale.json")  # scale_fit's: fitted on published multi-GPU runs
 # where a catalog GPU's compute efficiency comes from: the chip scale_fit learned it for, or the nearest one
 # measured (an Ada or Blackwell part borrows the Hopper factor, an Ampere one the A100's; the band widens)

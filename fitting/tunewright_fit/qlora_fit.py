@@ -1,0 +1,124 @@
+"""QLoRA's one constant, `Calibration.nf4_dequant_bytes_per_param`, fitted on `benchmarks/qlora_check.py` runs.
+
+Every other term of a QLoRA step is bf16 LoRA's (fitted by `calibration_fit`); what 4-bit adds is memory-bound
+dequantization, linear in the constant: the step predicted with the constant at 0, plus the constant times the
+bytes-per-parameter's seconds. The fit is a one-column weighted least squares (weights 1/measured: relative
+error) over the fit set; the other runs are held out and reported.
+
+Fit set: Llama-8B runs whose 4-bit blocks were compiled (the runtime's default on a GPU). Runs with eager 4-bit
+blocks (the default before 2026-12-05: 1.56x slower) and the 70B-shaped runs are held out.
+
+  python -m tunewright_fit.qlora_fit fit benchmarks/results/qlora_check_h200_*.json
+  python -m tunewright_fit.qlora_fit report benchmarks/results/qlora_check_h200_*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tunewright_core.planner.calibration import DEFAULT_FILE, load, update
+from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
+from tunewright_core.planner.hardware import GIB, GPU
+from tunewright_core.planner.models import CATALOG
+from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool
+
+MODELS = {"llama-8b": MEASURED_MODELS["llama-8b"], "llama-70b": CATALOG["meta-llama/Llama-3.1-70B"]}
+COMPILED = "compile: decoder blocks"  # the runtime's kernel line for compiled blocks
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    source: str
+    workload: Workload
+    layout: Layout
+    compiled: bool
+    step_seconds: float
+    peak_memory_bytes: float
+
+    @property
+    def in_fit_set(self) -> bool:
+        return self.compiled and self.workload.model.name == "llama-8b"
+
+
+def load_runs(paths: list[Path]) -> list[Run]:
+    """The 4-bit runs that finished, from qlora_check JSON files (bf16 and offload rows are calibration_fit's)."""
+    runs = []
+    for path in paths:
+        for row in json.loads(Path(path).read_text())["runs"]:
+            case = row["case"]
+            if case["quantization"] != "nf4" or "step_seconds_median" not in row:
+                continue
+            workload = Workload(MODELS[case["model"]], "qlora", case["seq_len"], case["micro_batch"], steps=1)
+            layout = Layout("single", 1, 1, case["micro_batch"], 1, case["activation_checkpointing"])
+            runs.append(Run(case["name"], Path(path).name, workload, layout, COMPILED in row.get("kernels", ""),
+                            row["step_seconds_median"], row["peak_memory_gib"] * GIB))
+    return runs
+
+
+def fit(runs: list[Run], calibration: Calibration, gpu: GPU) -> float:
+    """The bytes per block weight per dequantizing product that best predict the fit set's steps."""
+    fit_set = [r for r in runs if r.in_fit_set]
+    if not fit_set:
+        raise ValueError("qlora fit: no Llama-8B run with compiled 4-bit blocks among the measurements")
+    numerator = denominator = 0.0
+    for r in fit_set:
+        base = _step(r, replace(calibration, nf4_dequant_bytes_per_param=0.0), gpu)
+        per_byte = _step(r, replace(calibration, nf4_dequant_bytes_per_param=1.0), gpu) - base
+        weight = 1 / r.step_seconds ** 2
+        numerator += weight * per_byte * (r.step_seconds - base)
+        denominator += weight * per_byte ** 2
+    return max(numerator / denominator, 0.0)
+
+
+def _step(run: Run, calibration: Calibration, gpu: GPU) -> float:
+    return estimate(run.workload, run.layout, measured_pool(gpu, 1), calibration).step_seconds
+
+
+def compare(runs: list[Run], calibration: Calibration, gpu: GPU) -> list[dict]:
+    rows = []
+    for r in runs:
+        e = estimate(r.workload, r.layout, measured_pool(gpu, 1), calibration)
+        rows.append({"run": r.name, "source": r.source, "fit_set": r.in_fit_set, "compiled": r.compiled,
+                     "step_seconds": r.step_seconds, "predicted_step_seconds": e.step_seconds,
+                     "step_error": e.step_seconds / r.step_seconds - 1,
+                     "peak_memory_gib": r.peak_memory_bytes / GIB, "predicted_peak_memory_gib": e.peak_memory_bytes / GIB,
+                     "memory_error": e.peak_memory_bytes / r.peak_memory_bytes - 1})
+    return rows
+
+
+def markdown(rows: list[dict], constant: float) -> str:
+    lines = [f"nf4_dequant_bytes_per_param = {constant:.3f}", "",
+             "| run | source | set | blocks | step s | predicted | error | peak GiB | predicted | error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['run']} | {r['source']} | {'fit' if r['fit_set'] else 'held out'} | "
+                     f"{'compiled' if r['compiled'] else 'eager'} | {r['step_seconds']:.3f} | "
+                     f"{r['predicted_step_seconds']:.3f} | {r['step_error']:+.1%} | {r['peak_memory_gib']:.1f} | "
+                     f"{r['predicted_peak_memory_gib']:.1f} | {r['memory_error']:+.1%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["fit", "report"])
+    parser.add_argument("measurements", nargs="+", type=Path)
+    parser.add_argument("--calibration", type=Path, default=DEFAULT_FILE,
+                        help="the file whose constant is fitted (fit) or checked (report)")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.measurements)
+    calibration, gpu = load(args.calibration)
+    if args.command == "fit":
+        calibration = replace(calibration, nf4_dequant_bytes_per_param=fit(runs, calibration, gpu))
+        update(args.calibration, {"nf4_dequant_bytes_per_param": calibration.nf4_dequant_bytes_per_param},
+               [p.name for p in args.measurements], replacing="qlora_check")
+    print(markdown(compare(runs, calibration, gpu), calibration.nf4_dequant_bytes_per_param))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
