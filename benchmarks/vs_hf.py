@@ -8,8 +8,9 @@ Systems: `hf`, `hf+liger` (`Trainer(..., use_liger_kernel=True)`), `unsloth` (20
 and a bitsandbytes slimmed to the GPU's CUDA, carried to the GPU machine as wheels; SDPA there: flash-attn is
 not in the image), `tunewright` (its defaults: every fast path on), and the levers one by one for the accounting: `tw-plain` (all off: the runtime before them),
 `tw-fused` (+ fused linear cross-entropy), `tw-fused-varlen` (+ varlen attention; + compile = `tunewright`), and
-`tw-recompute` (`tunewright` + `kernels.recompute`: its compiled blocks recompute their elementwise work in
-backward, keeping a third fewer activations).
+`tw-recompute` (`tunewright` + `kernels.recompute: on`: its compiled blocks recompute their elementwise work in
+backward, keeping a third fewer activations; the default for bf16 LoRA sft since 2026-12-05, so there the same
+as `tunewright`).
 
   python benchmarks/vs_hf.py --out benchmarks/results/vs_hf_h200.json                 # every case
   python benchmarks/vs_hf.py --out ... --cases llama1b-full gpt2-full --systems tunewright hf

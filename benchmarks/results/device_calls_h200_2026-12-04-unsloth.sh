@@ -1,8 +1,10 @@
 # tunewright against Unsloth, HF and HF + Liger on one H200 (issue 35, target 1), ready but NOT RUN: no GPU machine
 # was lent on 2026-12-04. Carry [".whl-unsloth"]: Unsloth 2026.10.9, unsloth_zoo, trl 1.15, datasets and a
-# bitsandbytes slimmed to CUDA 13 (the workplace's Unsloth pack; ~40 MiB). Liger is not in the GPU image: hf+liger
-# is recorded as failed there unless its wheel is carried too. One call a case (each within 600 s).
+# bitsandbytes slimmed to CUDA 13 (the workplace's Unsloth pack; ~40 MiB), plus the .whl-ray wheels but Ray and
+# bitsandbytes (pydantic and its kin: tunewright_core needs them) and liger_kernel-0.8.5 (not in the GPU image);
+# 43 MiB in all, so .whl-ray cannot travel beside it (64 MiB). One call a case (each within 600 s); not yet run:
+# on 2026-12-05 the machine went before it.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-unsloth/*.whl && tar -xJf .whl-unsloth/bnb-slim.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site || exit
 export HF_HUB_OFFLINE=1
 mkdir -p $OUT
-python3 benchmarks/vs_hf.py --out $OUT/vs_unsloth.json --cases llama1b-lora --systems tunewright tw-recompute unsloth hf 2>&1 | tail -14
+python3 benchmarks/vs_hf.py --out $OUT/vs_unsloth.json --cases llama1b-lora --systems tunewright unsloth hf+liger hf 2>&1 | tail -14

@@ -241,7 +241,8 @@ class KernelsConfig(_Strict):
         default="auto",
         description="The compiled blocks recompute their elementwise work in backward (norms, the gated MLP's "
                     "product) instead of keeping its outputs: about a third less activation memory for a Llama "
-                    "block, for some memory-bound work. Needs compile. auto: off until measured on a GPU.",
+                    "block, for some memory-bound work. Needs compile. auto: on where a GPU measured it (bf16 LoRA "
+                    "sft on CUDA: 26% less memory, 0.4% slower on an H200), off elsewhere.",
     )
 
 

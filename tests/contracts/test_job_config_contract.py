@@ -56,6 +56,13 @@ def test_the_planner_counts_the_fused_loss_chunk_the_runtime_holds():
     assert planned_chunk == runtime_chunk
 
 
+def test_the_planner_counts_kernels_recompute_where_the_runtime_turns_it_on():
+    from tunewright_core.planner.estimate import RECOMPUTED_BY_DEFAULT as planned
+    from tunewright_jobs.kernels import RECOMPUTED_BY_DEFAULT as runtime
+
+    assert planned == runtime
+
+
 RUNTIME_CONFIG = {"output_dir": "/out", "model": {"source": "m"}, "dataset": {"train": "t.jsonl"}}
 SPEC = {"model": {"source": "m"}, "dataset": {"train": "file-1"}}
 

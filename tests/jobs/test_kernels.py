@@ -132,11 +132,22 @@ def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, l
 def test_recompute_is_asked_for_on_compiled_blocks_only(hopper):
     asked = resolve(job(kernels={"compile": "on", "recompute": "on"}), CPU, LLAMA, torch.float32)
     assert asked.recompute and "recompute: elementwise work in backward (asked for)" in asked.describe()
-    default = resolve(job(), CUDA, LLAMA, BF16)
-    assert not default.recompute and "recompute: off (not yet measured on a GPU)" in default.describe()
     assert not resolve(job(), CPU, LLAMA, torch.float32).recompute
     with pytest.raises(ValueError, match="kernels.recompute: .* does not compile them .*set kernels.compile on"):
         resolve(job(kernels={"recompute": "on"}), CPU, LLAMA, torch.float32)
+
+
+@pytest.mark.parametrize(("method", "precision", "on", "why"), [
+    ({"type": "lora"}, "bf16", True, "recompute: elementwise work in backward"),
+    ({"type": "full"}, "bf16", False, "recompute: off (not yet measured for full sft in bf16)"),
+    ({"type": "lora", "lora": {"quantization": "nf4"}}, "bf16", False, "not yet measured for qlora sft"),
+    ({"type": "lora", "objective": "dpo"}, "bf16", False, "not yet measured for lora dpo"),
+])
+def test_recompute_auto_is_on_where_a_gpu_measured_it_as_the_planner_counts(method, precision, on, why, hopper):
+    data = {"dataset": {"train": "t.jsonl", "format": "preference"}} if method.get("objective") == "dpo" else {}
+    kernels = resolve(job(method=method, strategy={"precision": precision}, **data), CUDA, LLAMA, BF16)
+    assert kernels.recompute is on and why in kernels.describe()
+    assert resolve(job(method=method, kernels={"recompute": "off"}, **data), CUDA, LLAMA, BF16).recompute is False
 
 
 def test_an_older_gpu_gets_sdpa(hopper, monkeypatch):

@@ -1,5 +1,6 @@
 """The planner: published formulas, model profiles, calibration against measured H200 runs, search."""
 
+import json
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -570,6 +571,20 @@ def test_committed_qlora_constant_is_the_fit_of_the_committed_qlora_runs_and_pre
     compiled = [r for r in qlora_fit.compare(runs, CAL, H200) if r["compiled"]]
     assert compiled and all(abs(r["step_error"]) <= 0.10 for r in compiled)
     assert all(r["memory_error"] >= -MEMORY_UNDER_PREDICTION_BOUND for r in compiled)
+
+
+def test_recompute_as_the_runtime_resolves_it_predicts_the_measured_lora_peaks():
+    """kernels.recompute on one H200 (vs_recompute_h200_2026-12-05.json): Llama-1B LoRA, seq 2048, mb 8, 22.8 GiB
+    without, 16.9 GiB with; a job's workload takes the runtime's auto, on for bf16 LoRA sft alone."""
+    runs = json.loads((RESULTS / "vs_recompute_h200_2026-12-05.json").read_text())["runs"]["llama1b-lora"]
+    w = Workload(calibration_fit.MEASURED_MODELS["llama-1b"], "lora", 2048, 8, 1)
+    layout, p = Layout("single", 1, 1, 8, 1, False), calibration_fit.measured_pool(H200, 1)
+    for system, recompute in (("tunewright", "off"), ("tw-recompute", "on"), ("tw-recompute", "auto")):
+        predicted = estimate(replace(w, recompute=recompute), layout, p, CAL).peak_memory_bytes / GIB
+        assert predicted == pytest.approx(runs[system]["peak_memory_gib"], rel=0.01)
+    for method, objective, precision in (("full", "sft", "bf16"), ("qlora", "sft", "bf16"), ("lora", "dpo", "bf16"),
+                                         ("lora", "sft", "fp8")):
+        assert not replace(w, method=method, objective=objective, precision=precision, recompute="auto").recomputes
 
 
 def test_qlora_plans_one_gpu_or_ddp_and_never_offloads():

@@ -60,7 +60,7 @@ def test_submitted_planned_created_running_succeeded():
     outcome = run(cluster)
     status = job_status(cluster)
     assert outcome.phase == status["phase"] == "Queued"
-    assert status["plan"]["pool"] == "h100" and status["plan"]["strategy"] in ("single", "ddp", "fsdp")
+    assert status["plan"]["pool"] == "h100" and status["plan"]["strategy"] in ("single", "ddp", "fsdp", "hsdp")
     assert status["rayJobName"] == ray_job_name(Target("team-a", "llama-lora", "uid-llama-lora", "x"))
     assert (cluster.count("RayJob"), cluster.count("ConfigMap"), cluster.count("Secret")) == (1, 1, 1)
     assert [e["reason"] for e in cluster.events] == ["Planned", "RayJobCreated", "WaitingForKubeRay"]

@@ -51,6 +51,21 @@ BF16_STATE_ADAMW_BYTES_PER_PARAM = 4 * BF16 + 3 * BF16
 # an FP8 cast compiled into a reduction (amax: read 2) and one pass (read 2, write 1)
 FP8_CAST_BYTES = 5
 NF4 = 0.52  # QLoRA's 4-bit base with double-quantized block constants (QLoRA paper), per block weight
+# kernels.recompute: the share of a block's activations its compiled graph keeps when the compiler recomputes the
+# elementwise work in backward. Fitted on one H200 run (Llama-1B LoRA, seq 2048, mb 8: 16.9 GiB against 22.8
+# without, vs_recompute_h200_2026-12-05.json); the CPU's compiler keeps 0.68 of a LoRA Llama block's bytes
+# (jobs' test_recompute.py)
+RECOMPUTE_ACTIVATION_SHARE = 0.695
+
+
+# (method, objective, precision) where jobs' `kernels.recompute: auto` turns it on for compiled blocks: where a GPU
+# measured it (bf16 LoRA sft: 26% less memory, 0.4% slower); full fine-tuning, QLoRA, dpo and fp8 keep every
+# activation until measured. jobs' kernels.RECOMPUTED_BY_DEFAULT (a contract test holds them equal)
+RECOMPUTED_BY_DEFAULT = frozenset({("lora", "sft", "bf16")})
+
+
+def recomputes_by_default(method: str, objective: str, precision: str) -> bool:
+    return (method, objective, precision) in RECOMPUTED_BY_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,14 @@ class Workload:
     objective: str = "sft"  # sft | dpo
     optimizer_state: str = "fp32"  # fp32 | bf16 (full fine-tuning: bf16 weights and moments, no fp32 master)
     precision: str = "bf16"  # bf16 | fp8 (the blocks' linear products)
+    # jobs' kernels.recompute (on: compiled blocks keep RECOMPUTE_ACTIVATION_SHARE of their activations); auto as
+    # the runtime resolves it for this method, objective and precision; off for a run measured without it
+    recompute: str = "off"  # auto | on | off
+
+    @property
+    def recomputes(self) -> bool:
+        return self.recompute == "on" or (self.recompute == "auto" and
+                                          recomputes_by_default(self.method, self.objective, self.precision))
 
     @property
     def bf16_state(self) -> bool:
@@ -301,6 +324,8 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
     tokens = micro_tokens(w, layout)
     ffn = cal.act_bytes_per_ffn * m.ffn if m.gated_mlp else 0.0  # GPT-2's MLP is folded into its per-hidden rate
     per_layer = tokens * (cal.act_bytes_per_hidden[m.family] * m.hidden + ffn)
+    if w.recomputes:
+        per_layer *= RECOMPUTE_ACTIVATION_SHARE
     if layout.activation_checkpointing:
         # a checkpointed block keeps its input (bf16), the others all their activations; one block's alive
         # while it is recomputed

@@ -123,7 +123,8 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
     light = spec.method.type == "full" and hp.optimizer_state == "bf16"
     return Workload(profile, "qlora" if quantized else spec.method.type, hp.seq_len, batch, steps,
                     lora_rank=spec.method.lora.r, objective=spec.method.objective,
-                    optimizer_state="bf16" if light else "fp32", precision=spec.resources.precision)
+                    optimizer_state="bf16" if light else "fp32", precision=spec.resources.precision,
+                    recompute="auto")  # the runtime's default: the job spec does not set its kernels
 
 
 def as_planned(w: Workload, plan: JobPlan) -> Workload:
