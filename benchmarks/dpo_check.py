@@ -92,7 +92,7 @@ def run(name: str, model: Path, data: dict, out: Path, steps: int, seq_len: int,
 def predicted(profile, name: str, seq_len: int) -> dict:
     method, objective, micro = RUNS[name]
     cal, gpu = calibration.load()
-    e = estimate(Workload(profile, method, seq_len, micro, steps=1, objective=objective),
+    e = estimate(Workload(profile, method, seq_len, micro, steps=1, objective=objective, recompute="auto"),
                  Layout("single", 1, 1, micro, 1, False), measured_pool(gpu, 1), cal)
     return {"predicted_step_seconds": e.step_seconds, "predicted_peak_memory_gib": e.peak_memory_bytes / 2**30}
 

@@ -59,7 +59,8 @@ CASES = {
 
 def predicted(case: Case, profile, precision: str) -> dict:
     cal, gpu = calibration.load()
-    w = Workload(profile, case.method, case.seq_len, case.micro_batch, steps=1, precision=precision)
+    w = Workload(profile, case.method, case.seq_len, case.micro_batch, steps=1, precision=precision,
+                 recompute="auto")
     e = estimate(w, Layout("single", 1, 1, case.micro_batch, 1, case.activation_checkpointing),
                  measured_pool(gpu, 1), cal)
     return {"step_seconds": e.step_seconds, "tokens_per_second": w.tokens_per_step / e.step_seconds,

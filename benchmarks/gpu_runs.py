@@ -241,6 +241,9 @@ def run_one(run: Run, models: dict, work: Path, steps: int, smoke: bool, devices
                      "micro_batch_size": run.micro_batch, "activation_checkpointing": run.activation_checkpointing,
                      "cpu_offload": run.cpu_offload and not smoke,
                      **({"hsdp_shard_size": run.hsdp_shard} if run.hsdp_shard else {})},
+        # the calibration's activation terms are what a block keeps without recompute (the planner scales them
+        # by RECOMPUTE_ACTIVATION_SHARE where the runtime turns it on)
+        "kernels": {"recompute": "off"},
         "checkpoint": {"final": False},
         "metrics": {"log_every_steps": 1,
                     "profile": {"first_step": steps - PROFILED_STEPS, "steps": PROFILED_STEPS, "every_steps": 0}},

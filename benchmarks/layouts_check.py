@@ -66,7 +66,7 @@ def run(case: str, layout: str, model_path: Path, data: Path, out: Path, steps: 
                tokens_per_second=statistics.median(r["tokens_per_second"] for r in steady))
     cal, gpu = calibration.load()
     profile = MODELS[model][0]
-    e = estimate(Workload(profile, method, seq_len, micro, steps=1),
+    e = estimate(Workload(profile, method, seq_len, micro, steps=1, recompute="auto"),
                  Layout("single", 1, 1, micro, 1, checkpointing, checkpoint_every=every), measured_pool(gpu, 1), cal)
     row.update(predicted_step_seconds=e.step_seconds, predicted_peak_memory_gib=e.peak_memory_bytes / 2**30,
                step_error=e.step_seconds / row["step_seconds_median"] - 1,

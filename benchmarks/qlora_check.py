@@ -143,7 +143,7 @@ def predicted(case: Case, profile: ModelProfile) -> dict:
     """The planner's step time and peak for this very layout, and the layout it would choose itself."""
     cal, gpu = calibration.load()
     method = "qlora" if case.quantization == "nf4" else "lora"
-    w = Workload(profile, method, case.seq_len, case.micro_batch, steps=1)
+    w = Workload(profile, method, case.seq_len, case.micro_batch, steps=1, recompute="auto")
     layout = Layout("single", 1, 1, case.micro_batch, 1, case.activation_checkpointing, cpu_offload=case.cpu_offload)
     e = estimate(w, layout, measured_pool(gpu, 1), cal)
     row = {"step_seconds": e.step_seconds, "peak_memory_gib": e.peak_memory_bytes / GIB,

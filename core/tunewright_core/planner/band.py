@@ -8,8 +8,8 @@ errors on runs the model was not fitted on, widened where the plan extrapolates 
 The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
 run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
 than the fit's, LoRA on several GPUs (every published run is full fine-tuning), the dpo objective (every run
-measured is sft), a 4-bit QLoRA base (its dequantization is counted, not yet measured), or bf16 weights and
-moments (their optimizer step likewise), or FP8 products (their rate and casts likewise).
+measured is sft), a 4-bit QLoRA base (its dequantization fitted on one Llama-8B run, checked on no other), or bf16 weights and
+moments (their optimizer step counted, not yet measured), or FP8 products (their rate and casts likewise).
 `basis` says which.
 """
 
@@ -28,7 +28,7 @@ UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SE
 UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds, never measured
 UNMEASURED_FP8 = 1.5  # fp8: its rate (at bf16's efficiency) and casts are counted, and no run measured them
 UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16: its eager optimizer step is counted, not measured
-UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is counted, not measured
+UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is fitted on one run
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
 
@@ -90,7 +90,7 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
         reasons.append(f"{method} on several GPUs (every published run is full fine-tuning)")
     if method == "qlora":
         widen *= UNMEASURED_QLORA
-        reasons.append("a 4-bit base (its dequantization counted in bytes, not yet measured)")
+        reasons.append("a 4-bit base (its dequantization fitted on one Llama-8B run, checked on no other)")
     if precision == "fp8":
         widen *= UNMEASURED_FP8
         reasons.append("fp8 products (their rate and casts counted, not yet measured)")

@@ -324,7 +324,7 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
     tokens = micro_tokens(w, layout)
     ffn = cal.act_bytes_per_ffn * m.ffn if m.gated_mlp else 0.0  # GPT-2's MLP is folded into its per-hidden rate
     per_layer = tokens * (cal.act_bytes_per_hidden[m.family] * m.hidden + ffn)
-    if w.recomputes:
+    if w.recomputes and m.gated_mlp:  # measured on Llama blocks; elsewhere the count keeps every activation
         per_layer *= RECOMPUTE_ACTIVATION_SHARE
     if layout.activation_checkpointing:
         # a checkpointed block keeps its input (bf16), the others all their activations; one block's alive
