@@ -103,7 +103,7 @@ def load_measurements(paths: list[Path]) -> list[Measurement]:
     return out
 
 
-def _weighted_solve(rows: list[list[float]], targets: list[float], weights: list[float]) -> np.ndarray:
+def weighted_solve(rows: list[list[float]], targets: list[float], weights: list[float]) -> np.ndarray:
     """Weighted least squares with every constant >= 0 (they are bytes and seconds): the best of the
     solves over subsets of the columns whose solution is non-negative (exact for the few columns here).
     A constant the measurements do not support comes out 0."""
@@ -156,7 +156,7 @@ def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
             known += tokens * p.layers * BF16 * p.hidden
         rows.append([tokens * layers * p.hidden * (p.family == f) for f in families] + [loss_tokens(w, lay) * p.vocab])
         targets.append(m.peak_memory_bytes - known)
-    memory = _weighted_solve(rows, targets, [1 / m.peak_memory_bytes for m in fit_set])
+    memory = weighted_solve(rows, targets, [1 / m.peak_memory_bytes for m in fit_set])
 
     # LoRA with checkpointing is host-bound (calibration.Calibration): its runs give the host time per
     # adapted module, and stay out of the GPU-time fit below.
@@ -179,11 +179,11 @@ def fit(measurements: list[Measurement], gpu: GPU) -> tuple[Calibration, GPU]:
     targets = [m.forward_backward_seconds - m.layout.micro_batch * m.workload.seq_len * m.workload.model.vocab
                * base.traffic_bytes_per_vocab / bandwidth for m in gpu_bound]
     weights = [1 / m.forward_backward_seconds for m in gpu_bound]
-    time = _weighted_solve(rows, targets, weights)
+    time = weighted_solve(rows, targets, weights)
     if time[0] < 1 / GEMM_CEILING:
         # FLOPs and traffic both grow with tokens x layers x hidden, so the fit can trade one for the other;
         # no training matmul beats a large square GEMM: hold the efficiency at that ceiling and refit the rest
-        rest = _weighted_solve([r[1:] for r in rows], [t - r[0] / GEMM_CEILING for t, r in zip(targets, rows, strict=True)],
+        rest = weighted_solve([r[1:] for r in rows], [t - r[0] / GEMM_CEILING for t, r in zip(targets, rows, strict=True)],
                                weights)
         time = np.concatenate([[1 / GEMM_CEILING], rest])
     nf = len(families)
@@ -264,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         sources = sorted(p.name for p in args.measurements)
         if args.out.exists():  # QLoRA's constant is qlora_fit's, fitted on runs of its own: kept
             kept = json.loads(args.out.read_text())
-            calibration = replace(calibration, nf4_dequant_bytes_per_param=load(args.out)[0].nf4_dequant_bytes_per_param)
+            calibration = replace(calibration, nf4_dequant_bytes_per_param=kept["calibration"].get(
+                "nf4_dequant_bytes_per_param", calibration.nf4_dequant_bytes_per_param))
             sources += [s for s in kept["measurements"] if s.startswith("qlora_check")]
         save(args.out, calibration, gpu, sources)
     else:

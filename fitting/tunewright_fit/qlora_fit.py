@@ -24,7 +24,7 @@ from tunewright_core.planner.calibration import DEFAULT_FILE, load, update
 from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
 from tunewright_core.planner.hardware import GIB, GPU
 from tunewright_core.planner.models import CATALOG
-from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool
+from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool, weighted_solve
 
 MODELS = {"llama-8b": MEASURED_MODELS["llama-8b"], "llama-70b": CATALOG["meta-llama/Llama-3.1-70B"]}
 COMPILED = "compile: decoder blocks"  # the runtime's kernel line for compiled blocks
@@ -65,14 +65,12 @@ def fit(runs: list[Run], calibration: Calibration, gpu: GPU) -> float:
     fit_set = [r for r in runs if r.in_fit_set]
     if not fit_set:
         raise ValueError("qlora fit: no Llama-8B run with compiled 4-bit blocks among the measurements")
-    numerator = denominator = 0.0
-    for r in fit_set:
+    rows, targets = [], []
+    for r in fit_set:  # the step is linear in the constant: base + constant x per_byte
         base = _step(r, replace(calibration, nf4_dequant_bytes_per_param=0.0), gpu)
-        per_byte = _step(r, replace(calibration, nf4_dequant_bytes_per_param=1.0), gpu) - base
-        weight = 1 / r.step_seconds ** 2
-        numerator += weight * per_byte * (r.step_seconds - base)
-        denominator += weight * per_byte ** 2
-    return max(numerator / denominator, 0.0)
+        rows.append([_step(r, replace(calibration, nf4_dequant_bytes_per_param=1.0), gpu) - base])
+        targets.append(r.step_seconds - base)
+    return float(weighted_solve(rows, targets, [1 / r.step_seconds for r in fit_set])[0])
 
 
 def _step(run: Run, calibration: Calibration, gpu: GPU) -> float:

@@ -64,10 +64,6 @@ RECOMPUTE_ACTIVATION_SHARE = 0.695
 RECOMPUTED_BY_DEFAULT = frozenset({("lora", "sft", "bf16")})
 
 
-def recomputes_by_default(method: str, objective: str, precision: str) -> bool:
-    return (method, objective, precision) in RECOMPUTED_BY_DEFAULT
-
-
 @dataclass(frozen=True)
 class Workload:
     model: ModelProfile
@@ -86,7 +82,7 @@ class Workload:
     @property
     def recomputes(self) -> bool:
         return self.recompute == "on" or (self.recompute == "auto" and
-                                          recomputes_by_default(self.method, self.objective, self.precision))
+                                          (self.method, self.objective, self.precision) in RECOMPUTED_BY_DEFAULT)
 
     @property
     def bf16_state(self) -> bool:
