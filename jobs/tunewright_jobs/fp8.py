@@ -6,10 +6,13 @@ accumulating in fp32 and writing bf16. Forward takes activations and weights in 
 takes the output's gradient in E5M2 (more range): the input's gradient is E5M2 x E4M3 and, where the weight
 trains, the weight's gradient is E5M2 x E4M3 too; backward saves the input, in FP8, only for that gradient.
 
-A frozen weight (a LoRA base, outside FSDP) is cast once and kept while its storage and version are unchanged (an
-edit through `.data` bumps no version: the cache is for weights nothing edits, as training's frozen base is); any
-other weight is cast in each forward and again in backward. The output head, attention and norms stay in the
-compute dtype, as do the adapters' products. torchao's float8 training ("tensorwise") is the reference design.
+A frozen weight (a LoRA base that stays a tensor of its own: single, ddp) gets its FP8 copy once, from
+`keep_frozen_casts` after the model is on its device; nothing edits a frozen base afterwards (checkpoints hold the
+trained weights only, and a merged export loads the base anew). Any other weight is cast in each forward and again
+in backward. Everything here is plain tensor code that torch.compile traces whole, so a compiled block fuses each
+cast into the work before it (the norm before q, k and v; the product before the output's gradient). The output
+head, attention and norms stay in the compute dtype, as do the adapters' products. torchao's float8 training
+("tensorwise") is the reference design.
 """
 
 from __future__ import annotations
@@ -37,11 +40,11 @@ _compiled_to_fp8: object = None  # the compiled cast; False once compiling faile
 
 def to_fp8(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """`x` in FP8 scaled so that its largest magnitude is the format's largest value, and the inverse scale
-    (fp32, a scalar) that `_scaled_mm` multiplies the product by. On CUDA the cast is compiled into a reduction
-    and one elementwise pass (eager, its fp32 temporaries would move five times the bytes), unless compiling
-    fails there (then eager, said once); eager on the CPU."""
+    (fp32, a scalar) that `_scaled_mm` multiplies the product by. Inside a compiled block, traced with it; else on
+    CUDA compiled on its own into a reduction and one elementwise pass (eager, its fp32 temporaries would move five
+    times the bytes), unless compiling fails there (then eager, said once); eager on the CPU."""
     global _compiled_to_fp8
-    if x.device.type != "cuda" or _compiled_to_fp8 is False:
+    if torch.compiler.is_compiling() or x.device.type != "cuda" or _compiled_to_fp8 is False:
         return _to_fp8(x, dtype)
     if _compiled_to_fp8 is None:
         _compiled_to_fp8 = torch.compile(_to_fp8, dynamic=True)
@@ -58,43 +61,24 @@ def column_major(t: torch.Tensor) -> torch.Tensor:
     return t.t().contiguous().t()
 
 
-class _WeightCast:
-    """A weight's FP8 copy (row-major, as the weight), cast again only when the weight changed (another storage,
-    or an in-place update since): one byte a parameter kept, where it is kept."""
-
-    def __init__(self) -> None:
-        self.key: tuple[int, int] | None = None
-        self.w8: torch.Tensor | None = None
-        self.inverse_scale: torch.Tensor | None = None
-
-    def of(self, weight: torch.Tensor, keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (weight.data_ptr(), weight._version)
-        if not keep or key != self.key:
-            self.w8, self.inverse_scale = to_fp8(weight, E4M3)
-            self.key = key if keep else None
-        assert self.w8 is not None and self.inverse_scale is not None
-        w8, inverse = self.w8, self.inverse_scale
-        if not keep:  # nothing held between calls
-            self.w8 = self.inverse_scale = None
-        return w8, inverse
-
-
 class _Float8Matmul(torch.autograd.Function):
-    """x (tokens, in) @ W^T (in, out) in FP8, bf16 out; gradients for x and, when it trains, W."""
+    """x (tokens, in) @ W^T (in, out) in FP8, bf16 out; gradients for x and, when it trains, W. `kept`: the
+    weight's FP8 copy and its inverse scale, or None (cast here, and again in backward)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, cast: _WeightCast, keep: bool) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, kept: torch.Tensor | None,
+                kept_inverse: torch.Tensor | None) -> torch.Tensor:
         x8, x_inverse = to_fp8(x, E4M3)
-        w8, w_inverse = cast.of(weight, keep)
+        w8, w_inverse = (kept, kept_inverse) if kept is not None else to_fp8(weight, E4M3)
         # forward accumulates fast (as torchao's forward does); the gradients' products accumulate exactly
         out = torch._scaled_mm(x8, w8.t(), scale_a=x_inverse, scale_b=w_inverse, out_dtype=x.dtype,
                                use_fast_accum=True)
-        ctx.weight_trains, ctx.kept = weight.requires_grad, keep
-        # Backward reads the input only for a trained weight's gradient; and the weight as cast where the cast is
-        # kept anyway, else the weight itself, cast again there: an FP8 copy held from forward to backward would be
-        # a whole unsharded weight per block, what FSDP's resharding saves.
+        ctx.weight_trains, ctx.kept = weight.requires_grad, kept is not None
+        # Backward reads the input only for a trained weight's gradient; and the kept copy, else the weight itself,
+        # cast again there: an FP8 copy held from forward to backward would be a whole unsharded weight per block,
+        # what FSDP's resharding saves.
         ctx.save_for_backward(*((x8, x_inverse) if ctx.weight_trains else ()),
-                              *((w8, w_inverse) if keep else (weight,)))
+                              *((kept, kept_inverse) if ctx.kept else (weight,)))
         return out
 
     @staticmethod
@@ -112,24 +96,21 @@ class _Float8Matmul(torch.autograd.Function):
 
 
 class Float8Linear(torch.nn.Linear):
-    """An `nn.Linear` whose product runs in FP8 (PEFT adapts it as the Linear it is). `keep_frozen_cast`: keep a
-    frozen weight's FP8 copy between calls (where the weight is a plain tensor of its own, not a buffer FSDP
-    gathers into)."""
+    """An `nn.Linear` whose product runs in FP8 (PEFT adapts it as the Linear it is). `weight_fp8`: a frozen
+    weight's FP8 copy and `weight_inverse_scale` its scale, set by `keep_frozen_casts` (plain attributes, not
+    buffers: no state dict, no DDP broadcast carries them)."""
 
-    keep_frozen_cast = False
-    _cast: _WeightCast  # set by convert_blocks_to_fp8, which makes the class
+    weight_fp8: torch.Tensor | None = None
+    weight_inverse_scale: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        keep = self.keep_frozen_cast and not self.weight.requires_grad
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         tokens = flat.shape[0]
         # `_scaled_mm` takes whole tiles of 16 rows (an evaluation batch, a generated token may leave fewer): zero
         # rows added change no scale and no product, and are cut from the result
         if tokens % FP8_ALIGNMENT:
-            padded = torch.nn.functional.pad(flat, (0, 0, 0, -tokens % FP8_ALIGNMENT))
-            out = _Float8Matmul.apply(padded, self.weight, self._cast, keep)[:tokens]
-        else:
-            out = _Float8Matmul.apply(flat, self.weight, self._cast, keep)
+            flat = torch.nn.functional.pad(flat, (0, 0, 0, -tokens % FP8_ALIGNMENT))
+        out = _Float8Matmul.apply(flat, self.weight, self.weight_fp8, self.weight_inverse_scale)[:tokens]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -139,7 +120,7 @@ def fp8_able(module: torch.nn.Linear) -> bool:
     return module.in_features % FP8_ALIGNMENT == 0 and module.out_features % FP8_ALIGNMENT == 0
 
 
-def convert_blocks_to_fp8(blocks: list[torch.nn.Module], keep_frozen_cast: bool) -> int:
+def convert_blocks_to_fp8(blocks: list[torch.nn.Module]) -> int:
     """Every linear layer of the decoder blocks whose shape FP8 products take, made a `Float8Linear` in place (its
     parameters kept); returns how many."""
     converted = 0
@@ -147,7 +128,18 @@ def convert_blocks_to_fp8(blocks: list[torch.nn.Module], keep_frozen_cast: bool)
         for module in block.modules():
             if type(module) is torch.nn.Linear and fp8_able(module):
                 module.__class__ = Float8Linear
-                module.keep_frozen_cast = keep_frozen_cast
-                module._cast = _WeightCast()
                 converted += 1
     return converted
+
+
+@torch.no_grad()
+def keep_frozen_casts(blocks: list[torch.nn.Module]) -> int:
+    """Each frozen FP8 layer's weight cast once, where it now is, and kept (one byte a parameter); returns how many.
+    For weights that stay plain tensors of their own from here on: not FSDP's, which it gathers anew each time."""
+    kept = 0
+    for block in blocks:
+        for module in block.modules():
+            if isinstance(module, Float8Linear) and not module.weight.requires_grad:
+                module.weight_fp8, module.weight_inverse_scale = to_fp8(module.weight, E4M3)
+                kept += 1
+    return kept

@@ -139,10 +139,6 @@ def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype
 
     if k.compile == "on":
         compile_blocks, why = True, "compile: decoder blocks (asked for)"
-    elif k.compile == "auto" and cfg.strategy.precision == "fp8":
-        # not yet run on a GPU: the FP8 products' cast cache is read in Python, which torch.compile would
-        # have to break its graph around
-        compile_blocks, why = False, "compile: off (fp8 products run eager until compiling them is measured)"
     elif k.compile == "auto" and device.type == "cuda":
         compile_blocks, why = True, "compile: decoder blocks"
     else:

@@ -105,9 +105,7 @@ FP8_CAPABILITY = (8, 9)
 
 
 def use_fp8(cfg: JobConfig, model, device: torch.device) -> None:
-    """The decoder blocks' linear layers computed in FP8 (fp8.py), on a GPU that has FP8 tensor cores. A frozen
-    LoRA base keeps its FP8 copy between calls where it stays a plain tensor of its own (single, ddp: outside
-    FSDP); where FSDP gathers it into a reused buffer, it is cast at each call."""
+    """The decoder blocks' linear layers computed in FP8 (fp8.py), on a GPU that has FP8 tensor cores."""
     from tunewright_jobs.fp8 import convert_blocks_to_fp8
 
     if device.type == "cuda" and torch.cuda.get_device_capability(device) < FP8_CAPABILITY:
@@ -116,13 +114,19 @@ def use_fp8(cfg: JobConfig, model, device: torch.device) -> None:
                          f"Hopper, Blackwell); this {torch.cuda.get_device_name(device)} is {major}.{minor}: set "
                          "resources.precision bf16 in the spec (strategy.precision auto in a job config), or run on "
                          "H100, H200, L40S or L4 GPUs")
-    keep = cfg.method.type == "lora" and cfg.strategy.type in ("single", "ddp") and not cfg.strategy.cpu_offload
-    converted = convert_blocks_to_fp8(transformer_blocks(model), keep_frozen_cast=keep)
+    converted = convert_blocks_to_fp8(transformer_blocks(model))
     if not converted:
         raise ValueError(f"strategy.precision: fp8 replaces nn.Linear layers whose sizes are multiples of 16, and "
                          f"{type(model).__name__}'s blocks have none (GPT-2's are Conv1D): set resources.precision "
                          "bf16 in the spec (strategy.precision auto in a job config)")
     log.info("fp8: %d linear layers of the decoder blocks compute in FP8", converted)
+
+
+def keeps_fp8_copies(cfg: JobConfig) -> bool:
+    """Whether a frozen LoRA base keeps its FP8 casts between products: where it stays a plain tensor of its own
+    (single, ddp); where FSDP gathers it into a reused buffer, it is cast at each product."""
+    return cfg.strategy.precision == "fp8" and cfg.method.type == "lora" \
+        and cfg.strategy.type in ("single", "ddp") and not cfg.strategy.cpu_offload
 
 
 def keep_codes_as_trained(model) -> None:

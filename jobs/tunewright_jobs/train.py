@@ -49,11 +49,18 @@ from tunewright_jobs.data import (
 )
 from tunewright_jobs.evaluate import exact_match, validation_metrics
 from tunewright_jobs.export import export_final
+from tunewright_jobs.fp8 import keep_frozen_casts
 from tunewright_jobs.gpu_activity import GpuActivitySampler, pack, unpack_sum
 from tunewright_jobs.kernels import Kernels, compile_blocks, for_evaluation, loss_sum, to_device
 from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
-from tunewright_jobs.model import load_model, load_tokenizer, parameter_counts, transformer_blocks
+from tunewright_jobs.model import (
+    keeps_fp8_copies,
+    load_model,
+    load_tokenizer,
+    parameter_counts,
+    transformer_blocks,
+)
 from tunewright_jobs.parallel import Dist, MasterWeights, gradient_sync, wrap_model
 from tunewright_jobs.preference import (
     Pair,
@@ -366,6 +373,8 @@ class Trainer:
         frozen = reference_copy(cfg, model, dist)  # DPO's reference in full fine-tuning: the initial weights
         blocks = transformer_blocks(model)  # found by class name, which sharding changes
         self.model, self.masters = wrap_model(cfg, model, dist)
+        if keeps_fp8_copies(cfg):  # cast where the weights now are, before the blocks are traced
+            log.info("fp8: %d frozen weights keep their FP8 casts", keep_frozen_casts(blocks))
         if self.kernels.compile_blocks:
             compile_blocks(blocks, self.kernels.recompute)
         self.objective = build_objective(cfg, self.model, frozen, self.kernels, dist, self.tokenizer.pad_token_id)

@@ -122,6 +122,8 @@ def hopper(monkeypatch):
      BF16, ("eager", False, False), "attention: eager (asked for)"),
     ({"kernels": {"compile": "on"}}, CPU, LLAMA, torch.float32, ("sdpa", True, True),
      "compile: decoder blocks (asked for)"),
+    ({"strategy": {"precision": "fp8", "use_gpu": True}}, CUDA, LLAMA, BF16, (VARLEN, True, True),
+     "compile: decoder blocks"),  # the FP8 products trace whole, casts and all
 ])
 def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, lm, dtype, expected, why, hopper):
     kernels = resolve(job(**sections), device, lm, dtype)
