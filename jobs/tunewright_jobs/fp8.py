@@ -6,10 +6,11 @@ accumulating in fp32 and writing bf16. Forward takes activations and weights in 
 takes the output's gradient in E5M2 (more range): the input's gradient is E5M2 x E4M3 and, where the weight
 trains, the weight's gradient is E5M2 x E4M3 too; backward saves the input, in FP8, only for that gradient.
 
-A frozen weight (a LoRA base that stays a tensor of its own: single, ddp) gets its FP8 copy once, from
-`keep_frozen_casts` after the model is on its device; nothing edits a frozen base afterwards (checkpoints hold the
-trained weights only, and a merged export loads the base anew). Any other weight is cast in each forward and again
-in backward. Everything here is plain tensor code that torch.compile traces whole, so a compiled block fuses each
+A frozen weight that stays a plain tensor on the GPU (a LoRA base on one-GPU shards: single, ddp) is cast once, by
+`keep_frozen_casts` after the model is placed, and kept as that cast alone: its bf16 storage is freed, a byte a
+weight where bf16 took two. Nothing reads a frozen base's weights after that (checkpoints hold the trained weights
+only, a merged export loads the base anew), and anything that tried would fail on the freed storage rather than
+read stale numbers. Any other weight (trained, or gathered by FSDP) is cast in each forward and again in backward. Everything here is plain tensor code that torch.compile traces whole, so a compiled block fuses each
 cast into the work before it (the norm before q, k and v; the product before the output's gradient). The output
 head, attention and norms stay in the compute dtype, as do the adapters' products. torchao's float8 training
 ("tensorwise") is the reference design.
@@ -62,23 +63,23 @@ def column_major(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Float8Matmul(torch.autograd.Function):
-    """x (tokens, in) @ W^T (in, out) in FP8, bf16 out; gradients for x and, when it trains, W. `kept`: the
-    weight's FP8 copy and its inverse scale, or None (cast here, and again in backward)."""
+    """x (tokens, in) @ W^T (in, out) in FP8, bf16 out; gradients for x and, when it trains, W. `weight` is
+    either the weight (cast here, and again in backward) or, with `kept_inverse`, a frozen weight's kept cast."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, kept: torch.Tensor | None,
-                kept_inverse: torch.Tensor | None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, kept_inverse: torch.Tensor | None) -> torch.Tensor:
         x8, x_inverse = to_fp8(x, E4M3)
-        w8, w_inverse = (kept, kept_inverse) if kept is not None else to_fp8(weight, E4M3)
+        ctx.kept = kept_inverse is not None
+        w8, w_inverse = (weight, kept_inverse) if ctx.kept else to_fp8(weight, E4M3)
         # forward accumulates fast (as torchao's forward does); the gradients' products accumulate exactly
         out = torch._scaled_mm(x8, w8.t(), scale_a=x_inverse, scale_b=w_inverse, out_dtype=x.dtype,
                                use_fast_accum=True)
-        ctx.weight_trains, ctx.kept = weight.requires_grad, kept is not None
-        # Backward reads the input only for a trained weight's gradient; and the kept copy, else the weight itself,
-        # cast again there: an FP8 copy held from forward to backward would be a whole unsharded weight per block,
-        # what FSDP's resharding saves.
+        ctx.weight_trains = weight.requires_grad and not ctx.kept
+        # Backward reads the input only for a trained weight's gradient; and the kept cast, else the weight
+        # itself, cast again there: an FP8 copy held from forward to backward would be a whole unsharded weight
+        # per block, what FSDP's resharding saves.
         ctx.save_for_backward(*((x8, x_inverse) if ctx.weight_trains else ()),
-                              *((kept, kept_inverse) if ctx.kept else (weight,)))
+                              *((weight, kept_inverse) if ctx.kept else (weight,)))
         return out
 
     @staticmethod
@@ -92,13 +93,13 @@ class _Float8Matmul(torch.autograd.Function):
         if ctx.weight_trains:  # (out, tokens) @ (tokens, in)
             grad_w = torch._scaled_mm(g8.t().contiguous(), column_major(x8), scale_a=g_inverse, scale_b=x_inverse,
                                       out_dtype=grad.dtype)
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None
 
 
 class Float8Linear(torch.nn.Linear):
     """An `nn.Linear` whose product runs in FP8 (PEFT adapts it as the Linear it is). `weight_fp8`: a frozen
-    weight's FP8 copy and `weight_inverse_scale` its scale, set by `keep_frozen_casts` (plain attributes, not
-    buffers: no state dict, no DDP broadcast carries them)."""
+    weight's kept cast and `weight_inverse_scale` its scale, set by `keep_frozen_casts` (plain attributes, not
+    buffers: no state dict carries them, no module move or broadcast touches them)."""
 
     weight_fp8: torch.Tensor | None = None
     weight_inverse_scale: torch.Tensor | None = None
@@ -110,7 +111,11 @@ class Float8Linear(torch.nn.Linear):
         # rows added change no scale and no product, and are cut from the result
         if tokens % FP8_ALIGNMENT:
             flat = torch.nn.functional.pad(flat, (0, 0, 0, -tokens % FP8_ALIGNMENT))
-        out = _Float8Matmul.apply(flat, self.weight, self.weight_fp8, self.weight_inverse_scale)[:tokens]
+        if self.weight_fp8 is not None:
+            out = _Float8Matmul.apply(flat, self.weight_fp8, self.weight_inverse_scale)
+        else:
+            out = _Float8Matmul.apply(flat, self.weight, None)
+        out = out[:tokens]
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -133,13 +138,18 @@ def convert_blocks_to_fp8(blocks: list[torch.nn.Module]) -> int:
 
 
 @torch.no_grad()
-def keep_frozen_casts(blocks: list[torch.nn.Module]) -> int:
-    """Each frozen FP8 layer's weight cast once, where it now is, and kept (one byte a parameter); returns how many.
-    For weights that stay plain tensors of their own from here on: not FSDP's, which it gathers anew each time."""
+def keep_frozen_casts(blocks: list[torch.nn.Module], device: torch.device) -> int:
+    """Each FP8 layer whose weight is frozen and a plain tensor on `device` (not one FSDP shards, gathers and
+    offloads: a DTensor), cast once and kept as that cast alone, its own storage freed (its shape and dtype stay,
+    for what reads them); returns how many."""
     kept = 0
     for block in blocks:
         for module in block.modules():
-            if isinstance(module, Float8Linear) and not module.weight.requires_grad:
-                module.weight_fp8, module.weight_inverse_scale = to_fp8(module.weight, E4M3)
-                kept += 1
+            weight = module.weight if isinstance(module, Float8Linear) else None
+            if weight is None or weight.requires_grad or type(weight.data) is not torch.Tensor \
+                    or weight.device != device:
+                continue
+            module.weight_fp8, module.weight_inverse_scale = to_fp8(weight, E4M3)
+            weight.untyped_storage().resize_(0)
+            kept += 1
     return kept

@@ -122,13 +122,6 @@ def use_fp8(cfg: JobConfig, model, device: torch.device) -> None:
     log.info("fp8: %d linear layers of the decoder blocks compute in FP8", converted)
 
 
-def keeps_fp8_copies(cfg: JobConfig) -> bool:
-    """Whether a frozen LoRA base keeps its FP8 casts between products: where it stays a plain tensor of its own
-    (single, ddp); where FSDP gathers it into a reused buffer, it is cast at each product."""
-    return cfg.strategy.precision == "fp8" and cfg.method.type == "lora" \
-        and cfg.strategy.type in ("single", "ddp") and not cfg.strategy.cpu_offload
-
-
 def keep_codes_as_trained(model) -> None:
     """On a CPU with AVX-512 BF16, bitsandbytes repacks a 4-bit weight in place the first time it runs in eval
     mode without gradients (a faster inference layout, and only for widths divisible by 32): training moves

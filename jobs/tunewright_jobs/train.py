@@ -55,7 +55,6 @@ from tunewright_jobs.kernels import Kernels, compile_blocks, for_evaluation, los
 from tunewright_jobs.kernels import prepare as prepare_kernels
 from tunewright_jobs.metrics import HttpSink, JsonlSink, MetricsSink, NullSink, PhaseTimer, TeeSink
 from tunewright_jobs.model import (
-    keeps_fp8_copies,
     load_model,
     load_tokenizer,
     parameter_counts,
@@ -373,8 +372,8 @@ class Trainer:
         frozen = reference_copy(cfg, model, dist)  # DPO's reference in full fine-tuning: the initial weights
         blocks = transformer_blocks(model)  # found by class name, which sharding changes
         self.model, self.masters = wrap_model(cfg, model, dist)
-        if keeps_fp8_copies(cfg):  # cast where the weights now are, before the blocks are traced
-            log.info("fp8: %d frozen weights keep their FP8 casts", keep_frozen_casts(blocks))
+        if cfg.strategy.precision == "fp8":  # where the weights now are, before the blocks are traced
+            log.info("fp8: %d frozen weights kept as their FP8 casts", keep_frozen_casts(blocks, dist.device))
         if self.kernels.compile_blocks:
             compile_blocks(blocks, self.kernels.recompute)
         self.objective = build_objective(cfg, self.model, frozen, self.kernels, dist, self.tokenizer.pad_token_id)

@@ -10,7 +10,7 @@ from tunewright_core.jobconfig import runtime_config
 from tunewright_core.plan_of_record import spec_hash
 from tunewright_core.planner import calibration
 from tunewright_core.planner.estimate import (
-    FP8_COPIES,
+    FP8_BASE,
     Layout,
     Workload,
     estimate,
@@ -30,10 +30,11 @@ LLAMA_8B = CATALOG["meta-llama/Llama-3.1-8B"]
 ONE_H200 = Pool("h200", H200, 1, 1, LINKS["nvlink4"], None, 3.5, host_memory_gib=2048)
 
 
-def spec(precision: str | None = None, method_type: str = "lora", quantization: str = "none") -> FineTuneJobSpec:
+def spec(precision: str | None = None, method_type: str = "lora", quantization: str = "none",
+         seq_len: int = 1024) -> FineTuneJobSpec:
     return FineTuneJobSpec.model_validate({
         "model": {"source": "m"}, "method": {"type": method_type, "lora": {"quantization": quantization}},
-        "dataset": {"train": "file-1"}, "hyperparameters": {"maxSteps": 100, "seqLen": 1024, "globalBatchSize": 8},
+        "dataset": {"train": "file-1"}, "hyperparameters": {"maxSteps": 100, "seqLen": seq_len, "globalBatchSize": 8},
         "resources": {"precision": precision} if precision else {}})
 
 
@@ -49,10 +50,17 @@ def test_fp8_runs_the_blocks_linear_products_and_counts_their_casts():
     assert e_bf16.matmul_seconds - e_fp8.matmul_seconds == pytest.approx(
         linear / (H200.bf16_flops * rate) - linear / (H200.fp8_flops * rate), rel=1e-9)
     assert fp8_cast_bytes(fp8, layout) > 0 and e_fp8.memory_bound_seconds > e_bf16.memory_bound_seconds
-    # LoRA on one GPU keeps its frozen blocks' FP8 casts: a byte a block weight, and no weight cast per step
-    assert e_fp8.memory_breakdown[FP8_COPIES] == LLAMA_8B.layers * LLAMA_8B.layer_linear_params
+    # LoRA on one GPU keeps its frozen blocks as their FP8 casts only: a byte a block weight where bf16 takes two,
+    # and no weight cast per step
+    blocks = LLAMA_8B.layers * LLAMA_8B.layer_linear_params
+    assert e_fp8.memory_breakdown[FP8_BASE] == blocks + 2 * (LLAMA_8B.params - blocks)
+    assert e_bf16.memory_breakdown["frozen base (bf16)"] - e_fp8.memory_breakdown[FP8_BASE] == blocks
     full = Workload(LLAMA_8B, "full", 1024, 8, 1, precision="fp8", optimizer_state="bf16")
-    assert FP8_COPIES not in estimate(full, layout, ONE_H200, CAL).memory_breakdown
+    assert FP8_BASE not in estimate(full, layout, ONE_H200, CAL).memory_breakdown
+    two = Pool("h200", H200, 2, 1, LINKS["nvlink4"], None, 3.5, host_memory_gib=2048)
+    fsdp = estimate(fp8, Layout("fsdp", 2, 1, 8, 1, False, shard_group=2), two, CAL)
+    assert FP8_BASE not in fsdp.memory_breakdown  # FSDP gathers the bf16 shards and casts them at each product
+    assert FP8_BASE in estimate(fp8, Layout("ddp", 2, 1, 8, 1, False), two, CAL).memory_breakdown
 
 
 def test_the_plan_says_whether_fp8_pays_and_widens_its_band():
@@ -64,11 +72,11 @@ def test_the_plan_says_whether_fp8_pays_and_widens_its_band():
 
 
 def test_fp8_is_weighed_against_the_plan_bf16_products_would_have_had():
-    """On one L4, Mistral-7B LoRA: FP8 and bf16 products are each best on a layout of their own; FP8 beats bf16
-    on FP8's layout but not bf16's own plan, and the explanation says so and what to set."""
+    """On one L4, Qwen2.5-14B LoRA at seq 512: FP8 and bf16 products are each best on a layout of their own; FP8
+    beats bf16 on FP8's layout but not bf16's own plan, and the explanation says so and what to set."""
     l4 = Pool("l4", GPUS["L4"], 1, 1, LINKS["pcie4"], None, 0.8)
-    mistral = CATALOG["mistralai/Mistral-7B-v0.3"]
-    fp8, bf16 = plan_job(spec("fp8"), l4, CAL, mistral), plan_job(spec("bf16"), l4, CAL, mistral)
+    qwen = CATALOG["Qwen/Qwen2.5-14B"]
+    fp8, bf16 = plan_job(spec("fp8", seq_len=512), l4, CAL, qwen), plan_job(spec("bf16", seq_len=512), l4, CAL, qwen)
     assert fp8.micro_batch != bf16.micro_batch
     assert "with bf16 products on this layout, so it pays" in fp8.explanation
     assert (f"bf16 products' own plan (single on 1 GPU(s), micro-batch {bf16.micro_batch}, step "

@@ -3,10 +3,16 @@
 one's redone; the tiny Llama converted, adapted by PEFT; the refusals (the CPU, a 4-bit base)."""
 
 import copy
+import json
+import os
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as torch_dist
+import torch.multiprocessing as mp
 from peft import LoraConfig, get_peft_model
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
@@ -15,11 +21,12 @@ from tests.jobs.conftest import make_config
 from tunewright_jobs import fp8
 from tunewright_jobs.config import ConfigError
 from tunewright_jobs.fp8 import Float8Linear, convert_blocks_to_fp8, keep_frozen_casts
-from tunewright_jobs.model import keeps_fp8_copies, transformer_blocks, use_fp8
+from tunewright_jobs.model import transformer_blocks, use_fp8
 
 # E4M3 keeps 3 mantissa bits (E5M2: 2): an element rounds by up to 1/16 (1/8) of itself, and a product's
 # relative error over many terms is about a third of that; measured 3.7% (forward) and 6.0% (gradients) here
 FORWARD_TOLERANCE, GRADIENT_TOLERANCE = 0.06, 0.1
+CPU = torch.device("cpu")
 BF16_COMPILE_DRIFT = 0.005  # a compiled bf16 Llama block's output against eager's, relative: 0.003 measured
 
 
@@ -27,7 +34,7 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def pair(trains: bool = True) -> tuple[torch.nn.Linear, torch.nn.Linear]:
+def pair(trains: bool = True, keep: bool = True) -> tuple[torch.nn.Linear, torch.nn.Linear]:
     torch.manual_seed(0)
     reference = torch.nn.Linear(64, 96).to(torch.bfloat16)
     converted = torch.nn.Linear(64, 96).to(torch.bfloat16)
@@ -35,7 +42,8 @@ def pair(trains: bool = True) -> tuple[torch.nn.Linear, torch.nn.Linear]:
     convert_blocks_to_fp8([converted])
     for module in (reference, converted):
         module.weight.requires_grad_(trains)
-    keep_frozen_casts([converted])
+    if keep:
+        keep_frozen_casts([converted], CPU)
     return converted, reference
 
 
@@ -84,8 +92,7 @@ def test_backward_holds_the_input_only_for_a_trained_weight_and_no_fp8_copy_of_a
     frozen, _ = pair(trains=False)
     saved = matmul_node(frozen(x)).saved_tensors
     assert [t.dtype for t in saved] == [fp8.E4M3, torch.float32]  # the kept cast and its scale
-    uncached, _ = pair(trains=False)
-    uncached.weight_fp8 = uncached.weight_inverse_scale = None  # as under FSDP, which gathers it anew
+    uncached, _ = pair(trains=False, keep=False)  # as under FSDP, which gathers it anew
     saved = matmul_node(uncached(x)).saved_tensors
     assert [t.dtype for t in saved] == [torch.bfloat16] and saved[0].data_ptr() == uncached.weight.data_ptr()
     trained, _ = pair(trains=True)
@@ -94,12 +101,15 @@ def test_backward_holds_the_input_only_for_a_trained_weight_and_no_fp8_copy_of_a
     assert saved[2] is trained.weight or saved[2].data_ptr() == trained.weight.data_ptr()
 
 
-def test_a_frozen_weight_is_cast_once_and_a_trained_one_at_each_product(monkeypatch):
+def test_a_frozen_weight_is_cast_once_and_kept_as_that_cast_alone_and_a_trained_one_at_each_product(monkeypatch):
     casts = []
     original = fp8.to_fp8
     monkeypatch.setattr(fp8, "to_fp8", lambda t, dtype: casts.append(tuple(t.shape)) or original(t, dtype))
     frozen, reference = pair(trains=False)
     assert casts == [(96, 64)]  # by keep_frozen_casts
+    # the bf16 weight's storage is freed (its shape and dtype stay): a byte a weight where bf16 took two
+    assert frozen.weight.untyped_storage().size() == 0 and frozen.weight.shape == (96, 64)
+    assert frozen.weight_fp8.dtype == fp8.E4M3 and frozen.weight_fp8.untyped_storage().size() == 96 * 64
     x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
     for _ in range(3):
         frozen(x).sum().backward()
@@ -128,7 +138,7 @@ def test_a_compiled_block_traces_its_fp8_products_whole_and_computes_what_bf16_d
     convert_blocks_to_fp8([block])
     for module in (block, reference):
         module.requires_grad_(trains)
-    assert keep_frozen_casts([block]) == (0 if trains else 7)
+    assert keep_frozen_casts([block], CPU) == (0 if trains else 7)
     rotary = LlamaRotaryEmbedding(config)
     x = torch.randn(2, 32, config.hidden_size, dtype=torch.bfloat16)
     positions = torch.arange(32)[None]
@@ -142,12 +152,14 @@ def test_a_compiled_block_traces_its_fp8_products_whole_and_computes_what_bf16_d
         return out, hidden.grad
 
     torch._dynamo.reset()
-    out, grad = run(block, compiled=True)  # fullgraph: any graph break is an error
+    try:
+        out, grad = run(block, compiled=True)  # fullgraph: any graph break is an error
+    finally:
+        torch._dynamo.reset()
     want, want_grad = run(reference, compiled=False)
     assert relative(out, want) < FORWARD_TOLERANCE and relative(grad, want_grad) < GRADIENT_TOLERANCE
     # and the products did run in FP8: their rounding shows (1% here; compiling the bf16 block alone moves 0.3%)
     assert relative(out, want) > BF16_COMPILE_DRIFT
-    torch._dynamo.reset()
 
 
 def test_the_tiny_llama_computes_in_fp8_and_peft_adapts_the_converted_layers(tiny_models, tmp_path):
@@ -173,18 +185,64 @@ def test_the_tiny_llama_computes_in_fp8_and_peft_adapts_the_converted_layers(tin
     assert all(p.grad is not None for n, p in adapted.named_parameters() if "lora_" in n)
 
 
-@pytest.mark.parametrize(("method", "strategy", "kept"), [
-    ("lora", {"type": "single"}, True),
-    ("lora", {"type": "ddp"}, True),
-    ("lora", {"type": "fsdp"}, False),  # gathered into a reused buffer: cast at each product
-    ("lora", {"type": "single", "cpu_offload": True}, False),
-    ("full", {"type": "single"}, False),  # a trained weight changes each step
-])
-def test_a_frozen_base_keeps_its_casts_where_it_stays_a_tensor_of_its_own(tiny_models, tmp_path, method, strategy,
-                                                                         kept):
-    cfg = make_config(tiny_models["llama"], tmp_path, method={"type": method},
-                      strategy={"use_gpu": True, "precision": "fp8", **strategy})
-    assert keeps_fp8_copies(cfg) is kept
+def _placed_and_kept(rank: int, store: str, model_dir: str, out: str) -> None:
+    """One gloo rank: for each layout, the tiny Llama loaded with FP8 blocks and LoRA, placed as the runtime
+    places it, its frozen casts kept; which were kept, the weights' kind, and a step's numbers."""
+    from torch.distributed.tensor import DTensor
+
+    from tunewright_jobs.model import load_model
+    from tunewright_jobs.parallel import Dist, wrap_model
+
+    torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=1)
+    seen = {}
+    try:
+        for name, (strategy, dtype) in KEEP_CASES.items():
+            cfg = make_config(Path(model_dir), Path(out) / name, model={"dtype": dtype},
+                              strategy={"use_gpu": True, "precision": "fp8", **strategy})
+            torch.manual_seed(0)
+            model = load_model(cfg)
+            blocks = transformer_blocks(model)
+            model, masters = wrap_model(cfg, model, Dist(0, 1, 0, CPU))
+            kept = keep_frozen_casts(blocks, CPU)
+            q = blocks[0].self_attn.q_proj.base_layer
+            ids = torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(0))
+            model(input_ids=ids, labels=ids).loss.backward()
+            # at the start only the B matrices' gradients are nonzero (A's are multiplied by B = 0)
+            learning = sum(1 for p in masters.trainable if p.grad is not None and p.grad.abs().sum() > 0)
+            seen[name] = {"kept": kept, "dtensor": isinstance(q.weight, DTensor), "learning": learning}
+        Path(out, "seen.json").write_text(json.dumps(seen))
+    finally:
+        torch_dist.destroy_process_group()
+
+
+# layout -> (strategy, model.dtype): what the runtime's placement leaves a plain tensor on the device is kept
+KEEP_CASES = {
+    "single": ({"type": "single"}, "bfloat16"),
+    "ddp": ({"type": "ddp"}, "bfloat16"),
+    "fsdp-of-one": ({"type": "fsdp"}, "bfloat16"),  # one rank: a bf16 base stays outside FSDP, as in ddp
+    # FSDP keeps it (and casts it): a DTensor, cast at each product, as an offloaded base is (offloading pins
+    # host memory, which needs a GPU: not run here)
+    "ddp-fp32-base": ({"type": "ddp"}, "float32"),
+}
+KEPT = {"single": True, "ddp": True, "fsdp-of-one": True, "ddp-fp32-base": False}
+
+
+@pytest.mark.slow  # a process of its own, four models placed
+def test_the_frozen_base_is_kept_as_casts_where_placement_leaves_it_a_plain_tensor(tiny_models, tmp_path):
+    fd, store = tempfile.mkstemp(prefix="tunewright-test-pg-")
+    os.close(fd)
+    mp.spawn(_placed_and_kept, args=(store, str(tiny_models["llama"]), str(tmp_path)), nprocs=1)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    layers = AutoConfig.from_pretrained(tiny_models["llama"]).num_hidden_layers
+    for name in KEEP_CASES:
+        assert seen[name] == {"kept": 7 * layers if KEPT[name] else 0, "dtensor": not KEPT[name],
+                              "learning": 7 * layers}, name
+
+
+def test_a_weight_on_another_device_than_the_runs_is_not_kept():
+    converted, _ = pair(trains=False, keep=False)
+    assert keep_frozen_casts([converted], torch.device("cuda", 0)) == 0
+    assert converted.weight_fp8 is None and converted.weight.untyped_storage().size() == 96 * 64 * 2
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -4,6 +4,7 @@ FSDP and HSDP over NCCL on two, with the measured communication share.
 CI has no GPU (these are skipped there); they run on the device machine: `pytest -m gpu`.
 """
 
+import logging
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from transformers import AutoConfig
 
 from tests.jobs.conftest import make_config, metrics, python_path, write_config
 from tunewright_jobs.run import train_without_ray
@@ -76,8 +78,9 @@ def test_full_with_bf16_state_learns_as_fp32_masters_do(tiny_models, tmp_path, s
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
-def test_fp8_products_train_as_bf16_does(tiny_models, tmp_path, method):
-    """`strategy.precision: fp8` on the GPU's FP8 tensor cores (skipped below compute capability 8.9)."""
+def test_fp8_products_train_as_bf16_does(tiny_models, tmp_path, method, caplog):
+    """`strategy.precision: fp8` on the GPU's FP8 tensor cores (skipped below compute capability 8.9), its blocks
+    compiled (the default); LoRA's frozen base kept as its casts, every block linear of it."""
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip(f"{torch.cuda.get_device_name()} has no FP8 tensor cores")
     runs = {}
@@ -85,8 +88,11 @@ def test_fp8_products_train_as_bf16_does(tiny_models, tmp_path, method):
         cfg = cuda_config(tiny_models, tmp_path / precision, method={"type": method},
                           hyperparameters={"max_steps": 30, "learning_rate": 2e-3 if method == "full" else 5e-3},
                           strategy={"precision": precision})
-        result = train_without_ray(cfg)
+        with caplog.at_level(logging.INFO, logger="tunewright_jobs.train"):
+            result = train_without_ray(cfg)
         runs[precision] = (metrics(cfg), result)
+    (kept,) = [int(m.split()[1]) for m in caplog.messages if "frozen weights kept as their FP8 casts" in m]
+    assert kept == (7 * AutoConfig.from_pretrained(tiny_models["llama"]).num_hidden_layers if method == "lora" else 0)
     (bf16_steps, bf16), (fp8_steps, fp8) = runs["bf16"], runs["fp8"]
     for result in (bf16, fp8):
         assert result["eval_after"]["val_loss"] < 0.5 * result["eval_before"]["val_loss"]

@@ -30,8 +30,8 @@ predicts 49.5 (the kernel nears copy bandwidth, above the fitted memory efficien
 FP8 (`precision` fp8, jobs' fp8.py) runs the blocks' linear products at the GPU's FP8 rate (at the bf16 matmul
 efficiency: not measured) and adds their casts: every product's input in forward (and recompute, and dpo's
 reference forward) and its output's gradient in backward, `FP8_CAST_BYTES` an element; the weights cast in each
-forward and again in backward unless a frozen base keeps its FP8 copy (LoRA on single or ddp: one byte a block
-weight more), and laid out again for backward either way.
+forward and again in backward unless a frozen base keeps its FP8 cast (LoRA on one-GPU shards: then the cast is all
+it keeps of its blocks, a byte a weight where bf16 took two), and laid out again for backward either way.
 Attention, the head and the adapters' products stay in the compute dtype. Counted, not measured.
 """
 
@@ -44,7 +44,7 @@ from tunewright_core.planner.comm import Group, UnitBytes, UnitCompute, step_com
 from tunewright_core.planner.hardware import GPU, Link, Pool
 from tunewright_core.planner.models import ModelProfile
 
-BF16, FP32 = 2, 4
+FP8, BF16, FP32 = 1, 2, 4
 ADAMW_BYTES_PER_PARAM = 28  # fused AdamW reads param, grad, m, v (fp32) and writes param, m, v
 # bf16_adamw's fused step on a GPU: reads the bf16 weight, gradient and moments, writes the weight and moments
 BF16_STATE_ADAMW_BYTES_PER_PARAM = 4 * BF16 + 3 * BF16
@@ -177,7 +177,7 @@ class Calibration:
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
 REFERENCE_WEIGHTS = "dpo reference weights (bf16, frozen)"
 NF4_BASE = "frozen base (NF4 blocks, bf16 rest)"
-FP8_COPIES = "FP8 copies of the frozen blocks"
+FP8_BASE = "frozen base (FP8 blocks, bf16 rest)"
 DEQUANTIZED = "dequantized module (bf16, one at a time)"
 GRADIENTS = "gradients (fp32; bf16 on bf16 weights)"
 ACCUMULATED_GRADIENTS = "accumulated gradients (fp32; bf16 on bf16 weights)"
@@ -242,6 +242,9 @@ def sharded_states(w: Workload, layout: Layout) -> dict[str, float]:
         blocks = w.model.layers * w.model.layer_linear_params
         out = {NF4_BASE: (NF4 * blocks + BF16 * (psi - blocks)) / shard,
                "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
+    elif keeps_fp8_copies(w, layout):  # the blocks' casts replace their bf16 weights (jobs' fp8.keep_frozen_casts)
+        blocks = w.model.layers * w.model.layer_linear_params
+        out = {FP8_BASE: FP8 * blocks + BF16 * (psi - blocks), "adapters, grads, AdamW": 4 * FP32 * trainable}
     else:
         out = {"frozen base (bf16)": BF16 * psi / shard, "adapters, grads, AdamW": 4 * FP32 * trainable / shard}
     if w.reference_copy:  # frozen: no gradients, no optimizer states; sharded like the policy
@@ -283,8 +286,6 @@ def gpu_state_bytes(w: Workload, layout: Layout) -> dict[str, float]:
     out = {} if layout.cpu_offload else sharded_states(w, layout)
     if w.method == "qlora":  # the largest matrix, dequantized for its product
         out[DEQUANTIZED] = BF16 * w.model.hidden * max(w.model.hidden, w.model.ffn)
-    if keeps_fp8_copies(w, layout):
-        out[FP8_COPIES] = w.model.layers * w.model.layer_linear_params
     if gathers_weights(w, layout):
         block = w.model.layer_linear_params
         keeps_all = (layout.shard_group == 1 or not layout.reshard_after_forward) and not layout.cpu_offload
@@ -419,9 +420,9 @@ def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
 
 
 def keeps_fp8_copies(w: Workload, layout: Layout) -> bool:
-    """Whether the blocks' frozen weights keep their FP8 casts between products (jobs' model.use_fp8)."""
-    return w.precision == "fp8" and w.method == "lora" and layout.strategy in ("single", "ddp") \
-        and not layout.cpu_offload
+    """Whether the blocks' frozen weights are kept as their FP8 casts, cast once: where they stay plain tensors on
+    the GPU, not gathered by FSDP (jobs' fp8.keep_frozen_casts)."""
+    return w.precision == "fp8" and w.method == "lora" and not gathers_weights(w, layout)
 
 
 def fp8_linear_flops(w: Workload, layout: Layout) -> float:
