@@ -10,7 +10,7 @@ not in the image), `tunewright` (its defaults: every fast path on), and the leve
 `tw-fused` (+ fused linear cross-entropy), `tw-fused-varlen` (+ varlen attention; + compile = `tunewright`), and
 `tw-recompute` (`tunewright` + `kernels.recompute: on`: its compiled blocks recompute their elementwise work in
 backward, keeping a third fewer activations; the default for bf16 LoRA sft since 2026-12-05, so there the same
-as `tunewright`).
+as `tunewright`); `tw-fp8` (`strategy.precision: fp8`: another precision, so its ratios are reported apart).
 
   python benchmarks/vs_hf.py --out benchmarks/results/vs_hf_h200.json                 # every case
   python benchmarks/vs_hf.py --out ... --cases llama1b-full gpt2-full --systems tunewright hf
@@ -68,6 +68,7 @@ TW_SYSTEMS = {  # job config sections over the runtime's defaults
     "tw-fused": {"model": {"attn_implementation": "sdpa"}, "kernels": {"compile": "off"}},
     "tw-fused-varlen": {"kernels": {"compile": "off"}},
     "tw-recompute": {"kernels": {"recompute": "on"}},  # + fewer activations kept (kernels.recompute)
+    "tw-fp8": {"strategy": {"precision": "fp8"}},  # the blocks' products in FP8 (opt-in; a GPU of Hopper's kind)
 }
 HF_SYSTEMS = ("hf", "hf+liger", "unsloth")  # hf_baseline.py runs each
 SYSTEMS = (*TW_SYSTEMS, *HF_SYSTEMS)
@@ -141,7 +142,7 @@ def run_tunewright(name: str, case: Case, system: str, model_dir: Path, data: Pa
                             "seq_len": case.seq_len, "warmup_ratio": 0.0, "seed": SEED,
                             "global_batch_size": case.micro_batch * case.gpus},
         "strategy": {"type": case.strategy, "num_workers": case.gpus, "use_gpu": not smoke,
-                     "micro_batch_size": case.micro_batch},
+                     "micro_batch_size": case.micro_batch, **TW_SYSTEMS[system].get("strategy", {})},
         "kernels": TW_SYSTEMS[system].get("kernels", {}),
         "checkpoint": {"final": False},
         "metrics": {"log_every_steps": 1, "profile": (
@@ -221,6 +222,13 @@ def summarize(rows: dict[str, dict[str, dict]], cases: dict[str, Case]) -> dict[
             summary["speedup_over_unsloth"] = ours["tokens_per_second"] / ok["unsloth"]["tokens_per_second"]
             if ours.get("peak_memory_gib") and ok["unsloth"].get("peak_memory_gib"):
                 summary["memory_ratio_over_unsloth"] = ours["peak_memory_gib"] / ok["unsloth"]["peak_memory_gib"]
+        if "tw-fp8" in ok and "unsloth" in ok:  # FP8 products against Unsloth's bf16 ones: another precision
+            fp8 = ok["tw-fp8"]
+            summary["fp8_speedup_over_unsloth"] = fp8["tokens_per_second"] / ok["unsloth"]["tokens_per_second"]
+            if fp8.get("peak_memory_gib") and ok["unsloth"].get("peak_memory_gib"):
+                summary["fp8_memory_ratio_over_unsloth"] = fp8["peak_memory_gib"] / ok["unsloth"]["peak_memory_gib"]
+        if ours and "tw-fp8" in ok:
+            summary["fp8_speedup"] = ok["tw-fp8"]["tokens_per_second"] / ours["tokens_per_second"]
         if ours and "tw-plain" in ok:
             summary["speedup_over_plain"] = ours["tokens_per_second"] / ok["tw-plain"]["tokens_per_second"]
             summary["loss_curve_max_rel_gap_vs_plain"] = loss_gap(ours["losses"], ok["tw-plain"]["losses"])

@@ -9,5 +9,5 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl-unsloth/*.whl && tar -xJf .whl-unsloth/bnb-slim.tar.xz -C /tmp/site && export PYTHONPATH=/tmp/site || exit
 export HF_HUB_OFFLINE=1
 mkdir -p $OUT
-python3 benchmarks/vs_hf.py --out $OUT/vs_unsloth.json --cases llama1b-lora --systems tunewright unsloth hf+liger hf --trace $OUT/traces 2>&1 | tail -14
+python3 benchmarks/vs_hf.py --out $OUT/vs_unsloth.json --cases llama1b-lora --systems tunewright tw-fp8 unsloth hf+liger hf --trace $OUT/traces 2>&1 | tail -30
 for t in $OUT/traces/*/*.json.gz; do python3 benchmarks/trace_summary.py $t --top 15; done 2>&1 | tail -60
