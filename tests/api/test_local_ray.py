@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -35,6 +36,22 @@ def test_a_head_is_started_recorded_adopted_and_stopped(tmp_path):
         assert not os.path.exists(head["temp_dir"]) and not answers(address)
     finally:
         first.stop()
+
+
+def test_two_apis_on_one_folder_share_one_head(tmp_path):
+    """`serve` and `tunewright train` beside it on one data folder ask for the head at once: one is started and
+    both use it (before the folder's lock, each started its own and the first was never stopped)."""
+    apis = [ServerRay(tmp_path, 1, 0, ray_environment(dict(os.environ))) for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        heads = list(pool.map(lambda api: api.head(), apis))
+    started = [api for api in apis if api._proc is not None]
+    try:
+        assert heads[0] == heads[1] and answers(heads[0].address)  # two heads would be two processes
+        assert len(started) == 1
+    finally:
+        for api in started + apis:  # the one whose child it is first: it reaps it
+            api.stop()
+    assert not answers(heads[0].address) and not os.path.exists(heads[0].temp_dir)
 
 
 def test_a_record_whose_process_is_not_ours_is_never_signalled(tmp_path):

@@ -5,11 +5,15 @@ Never one found on the host: the head is started here with token authentication 
 listens beyond loopback, and whoever reaches it runs code as this server), recorded in the data folder
 (`ray.json`, owner-only: its process, address, session folder and token) and adopted by a restarted API only when that record's process still
 lives and its address answers. A head that died is started again before the next job. The API stops it
-when it stops with no job running; with jobs running it stays for them, and the next API adopts it.
+when it stops with no job running; with jobs running it stays for them, and the next API adopts it. Two APIs on
+one data folder (`serve`, and `tunewright train` beside it) take turns through a lock on the folder
+(`ray.lock`): the second adopts the head the first started instead of starting one of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -22,11 +26,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 STATE_FILE = "ray.json"
+LOCK_FILE = "ray.lock"  # held while a head is looked up, started or stopped, by whichever API on the folder
 SESSION_PREFIX = "tw-ray-"  # its session folder, under the system's temporary folder
 START_SECONDS = 120.0  # a cold head on a busy 2-core machine takes 10-30 s
 
@@ -97,6 +103,7 @@ class ServerRay:
 
     def __init__(self, data_dir: Path, cpus: int, gpus: int, environment: dict[str, str]):
         self.state = data_dir / STATE_FILE
+        self.lock_path = data_dir / LOCK_FILE
         self.log_path = data_dir / "ray.log"
         self.cpus, self.gpus, self.environment = cpus, gpus, environment
         self._lock = threading.Lock()
@@ -104,7 +111,7 @@ class ServerRay:
 
     def head(self) -> Head:
         """The head: the recorded one where it lives and answers, else a new one."""
-        with self._lock:
+        with self._lock, self._folder_locked():
             head = self._recorded()
             if head is not None and is_ours(head) and answers(head.address):
                 return head
@@ -113,10 +120,21 @@ class ServerRay:
             return self._start()
 
     def stop(self) -> None:
-        with self._lock:
+        with self._lock, self._folder_locked():
             head = self._recorded()
             if head is not None:
                 self._stop(head)
+
+    @contextlib.contextmanager
+    def _folder_locked(self) -> Iterator[None]:
+        """The data folder's turn, across processes (the thread lock orders this one's threads): an exclusive
+        lock on its own file, released with it however the process ends."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def _recorded(self) -> Head | None:
         try:
