@@ -14,7 +14,7 @@ import pytest
 import yaml
 from sqlmodel import Session, select
 
-from tests.api.conftest import TRAIN, VALIDATION, Server, tiny_spec
+from tests.api.conftest import ADMIN, TRAIN, VALIDATION, Server, tiny_spec
 from tunewright_api.cli import main
 from tunewright_api.models import Job, Tenant
 
@@ -50,6 +50,26 @@ def test_train_runs_a_spec_file_to_a_downloaded_adapter_and_leaves_the_job_to_se
     with Server(data_dir, local_ray=False) as later, later.client((data_dir / "local.token").read_text()) as local:
         listed = local.get("/v1/jobs").json()["data"]
     assert [(j["id"], j["status"]) for j in listed] == [(job_id, "succeeded")]
+
+
+@pytest.mark.slow  # trains a tiny model on an API started here
+def test_train_beside_a_running_serve_submits_to_it_and_leaves_it_up(tiny_models, tmp_path, monkeypatch, capsys):
+    """Two APIs on one data folder would each schedule its jobs: `train` finds the folder's API and uses it."""
+    data_dir = tmp_path / "data"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TUNEWRIGHT_DATA_DIR", str(data_dir))
+    monkeypatch.setenv("TUNEWRIGHT_ADMIN_TOKEN", ADMIN)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(tiny_spec(tiny_models["gpt2"], str(TRAIN), maxSteps=2)))
+    with Server(data_dir, local_ray=False) as serve:
+        code, out, err = run(capsys, "train", "job.yaml")
+        assert code == 0, out + err
+        assert out.startswith(f"using the API already serving {data_dir} at {serve.url}\n")
+        job_id = re.search(r"submitted (ftjob-\w+): local pool", out).group(1)
+        assert f"dashboard          {serve.url}/ui/#token=" in out and "the API has stopped" not in out
+        assert httpx.get(f"{serve.url}/healthz").status_code == 200  # still up
+        with serve.client((data_dir / "local.token").read_text()) as local:
+            assert local.get(f"/v1/jobs/{job_id}").json()["status"] == "succeeded"
+    assert (tmp_path / job_id / "adapter" / "adapter_config.json").is_file()
 
 
 @pytest.mark.parametrize(("mistake", "says"), [

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from tunewright_api.backends.local_folder import serving_url
 from tunewright_api.cli import render, spec_fields
 from tunewright_api.cli.client import OK, REFUSED, USAGE, Client, RequestFailed, with_local_paths_checked
 from tunewright_api.cli.local import LocalApi, admin_token_file, dashboard_url, serve_again
@@ -203,6 +204,11 @@ def cmd_serve(args, client: Client) -> int:
     from tunewright_api.settings import Settings
 
     settings = Settings()
+    served = serving_url(settings.data_dir) if settings.backend == "local" else None
+    if served:  # said before anything starts (the API's own claim on the folder is what holds under a race)
+        print(f"error: the data folder {settings.data_dir} is already served by the API at {served}: use it "
+              "(tunewright --url ...), or give this one a folder of its own (TUNEWRIGHT_DATA_DIR)", file=sys.stderr)
+        return REFUSED
     if os.environ.get("TMPDIR"):  # uploads spool there (the chart points it at the data volume): it must exist
         Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     if not settings.admin_token:
@@ -217,7 +223,8 @@ def cmd_serve(args, client: Client) -> int:
 
 def cmd_train(args, client: Client) -> int:
     """One job on an API of its own on this machine, on the data folder `serve` uses: submitted as tenant
-    `local`, followed, summed up and downloaded; the API stops with the command (a later `serve` shows the job)."""
+    `local`, followed, summed up and downloaded; the API stops with the command (a later `serve` shows the job).
+    Where `serve` is running on that folder, the job goes to it, which stays up."""
     from tunewright_api.settings import Settings
 
     spec = checked_spec(spec_from_args(args), args.spec or "the flags")
@@ -225,17 +232,22 @@ def cmd_train(args, client: Client) -> int:
     data_dir = settings.data_dir.resolve()
     admin = settings.admin_token or admin_token_file(data_dir).read_text().strip()
     folders: dict[str, Path] = {}
+    served = serving_url(data_dir)
+    if served:
+        print(f"using the API already serving {data_dir} at {served}", flush=True)
     try:
-        with LocalApi(data_dir, admin, data_dir / "api.log") as api:
+        with LocalApi(data_dir, admin, data_dir / "api.log", serving=served) as api:
             token = api.tenant_token("local", kept_in=data_dir / "local.token")
             job, metrics = run_on(api, token, spec)
             if job["status"] == "succeeded":
                 print(render.run_summary(job, metrics))
                 folders = download(Client(api.url, token), job["id"], (args.dir or Path(job["id"])).resolve())
     except KeyboardInterrupt:
-        print("stopped (Ctrl-C); the API this command started is down", file=sys.stderr)
+        print("stopped (Ctrl-C); " + (f"the API at {served} goes on" if served else
+                                      "the API this command started is down"), file=sys.stderr)
         return INTERRUPTED
-    print(serve_again(data_dir, token, job["id"]))
+    print(f"dashboard          {dashboard_url(served, token, job['id'])}" if served else
+          serve_again(data_dir, token, job["id"]))
     if job["status"] != "succeeded":
         return ended(job)
     for name, folder in folders.items():  # last: what a script reads (`tail -1`), the folder to load

@@ -1,6 +1,7 @@
 """The API on this machine for the length of one command (`tunewright train`, `make demo`): `tunewright serve`
 as a child process on a free loopback port, on a data folder it is given, stopped through the handle this
-process holds (never a server found on the host, never one found by searching processes)."""
+process holds (never a server found on the host, never one found by searching processes). Where the folder
+already has its API (`serve` running on it: backends.local_folder), the command uses that one and leaves it up."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def admin_token_file(data_dir: Path) -> Path:
 
 class LocalApi:
     """`with LocalApi(data_dir, admin_token, log_path) as api:` the API up at `api.url` (local backend), its
-    output in `log_path`; stopped when the block ends, however it ends."""
+    output in `log_path`; stopped when the block ends, however it ends. With `serving`, the URL of the API that
+    already serves the folder: that one is used (`api.started` False) and left as it is."""
 
-    def __init__(self, data_dir: Path, admin_token: str, log_path: Path):
+    def __init__(self, data_dir: Path, admin_token: str, log_path: Path, serving: str | None = None):
         self.data_dir, self.log_path = data_dir.resolve(), log_path
-        self.url = f"http://127.0.0.1:{free_port()}"
+        self.started = serving is None
+        self.url = serving or f"http://127.0.0.1:{free_port()}"
         self.admin = Client(self.url, admin_token)
         self.env = {**os.environ, "TUNEWRIGHT_DATA_DIR": str(self.data_dir), "TUNEWRIGHT_ADMIN_TOKEN": admin_token,
                     "TUNEWRIGHT_PUBLIC_URL": self.url, "TUNEWRIGHT_BACKEND": "local",
@@ -48,6 +51,9 @@ class LocalApi:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> LocalApi:
+        if not self.started:
+            self.wait_healthy(timeout=10)
+            return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
             # a session of its own: Ctrl-C reaches this process only, which cancels its job before stopping the API
@@ -70,7 +76,14 @@ class LocalApi:
             try:
                 self.admin.request("GET", "/healthz")
                 return
-            except RequestFailed:
+            except RequestFailed as err:
+                if self.process is None:  # the folder's own API: it answers or it does not
+                    if err.status == 401 or time.monotonic() > deadline:
+                        raise RequestFailed(f"the API serving {self.data_dir} at {self.url} does not answer with "
+                                            f"this folder's admin token ({err}): stop it, or submit to it "
+                                            "yourself (tunewright --url ... submit)") from None
+                    time.sleep(0.2)
+                    continue
                 code = self.process.poll()
                 if code is not None:
                     raise RequestFailed(f"the API on this machine exited with code {code} as it started: its log "
