@@ -12,7 +12,6 @@ and settles the rest from what they left, so no job stays "running" forever.
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import logging
@@ -30,7 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from tunewright_api.backends import AlreadyFinished, Planned, Ticker, local_folder, local_launcher
-from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED
+from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED, lock_held
 from tunewright_api.backends.local_ray import ServerRay, auth_environment
 from tunewright_api.errors import ApiError
 from tunewright_api.models import Job, StoredFile, add_event, now
@@ -443,14 +442,4 @@ def run_pid(run_dir: Path) -> int | None:
 
 def run_alive(run_dir: Path) -> bool:
     """True while the folder's run lives: it holds the folder's lock until it ends."""
-    try:
-        probe = os.open(run_dir / LOCK_FILE, os.O_RDWR)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(probe)  # also lets go of the lock if the probe took it
-    return False
+    return lock_held(str(run_dir / LOCK_FILE))

@@ -8,15 +8,14 @@ nothing that refuses the next one.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import time
 from pathlib import Path
+
+from tunewright_api.backends.local_launcher import exclusive_lock, lock_held
 
 LOCK_FILE = "server.lock"
 RECORD_FILE = "server.json"
-LOCK_WAIT_SECONDS = 2.0  # a probe (`serving_url`) holds the lock for an instant; an API for its whole life
 
 
 class FolderServed(RuntimeError):
@@ -26,21 +25,13 @@ class FolderServed(RuntimeError):
 def claim(data_dir: Path, url: str) -> int:
     """The folder's lock, held (the descriptor, closed by `release` or with the process), and `url` recorded
     as where its API answers; FolderServed if another API holds it."""
-    lock = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                os.close(lock)
-                other = recorded(data_dir)
-                where = f"process {other['pid']} at {other['url']}" if other else "its record unreadable"
-                use = f"use it (tunewright --url {other['url']} ...)" if other else "use it"
-                raise FolderServed(f"the data folder {data_dir} is served by another tunewright API ({where}): "
-                                   f"{use}, or give this one a folder of its own (TUNEWRIGHT_DATA_DIR)") from None
-            time.sleep(0.01)
+    lock = exclusive_lock(str(data_dir / LOCK_FILE))  # a probe (`serving_url`) holds it for an instant at most
+    if lock is None:
+        other = recorded(data_dir)
+        where = f"process {other['pid']} at {other['url']}" if other else "its record unreadable"
+        use = f"use it (tunewright --url {other['url']} ...)" if other else "use it"
+        raise FolderServed(f"the data folder {data_dir} is served by another tunewright API ({where}): {use}, or "
+                           "give this one a folder of its own (TUNEWRIGHT_DATA_DIR)")
     partial = data_dir / f".{RECORD_FILE}.partial"
     partial.unlink(missing_ok=True)
     with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
@@ -65,15 +56,7 @@ def recorded(data_dir: Path) -> dict | None:
 
 def serving_url(data_dir: Path) -> str | None:
     """Where the API that holds the folder answers, if one does (its lock is held); None otherwise."""
-    try:
-        probe = os.open(data_dir / LOCK_FILE, os.O_RDWR)
-    except FileNotFoundError:
+    if not lock_held(str(data_dir / LOCK_FILE)):
         return None
-    try:
-        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        record = recorded(data_dir)
-        return record["url"] if record else None
-    finally:
-        os.close(probe)  # also lets go of the lock if the probe took it
-    return None
+    record = recorded(data_dir)
+    return record["url"] if record else None

@@ -20,19 +20,42 @@ REFUSED = 75  # exit status: another run has this folder, nothing was started
 LOCK_WAIT_SECONDS = 2.0  # the API probes the lock for an instant; a run holds it for its whole life
 
 
-def claim(run_dir: str) -> int | None:
-    """The folder's lock, held, once this process is recorded as the folder's one run; None if another is."""
-    lock = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+def exclusive_lock(path: str, wait: float = LOCK_WAIT_SECONDS) -> int | None:
+    """The file's exclusive lock (made owner-only if missing), taken within `wait` seconds: the descriptor that
+    holds it, until closed or the process ends; None if another holds it."""
+    lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + wait
     while True:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return lock
         except BlockingIOError:
             if time.monotonic() > deadline:
                 os.close(lock)
                 return None
             time.sleep(0.01)
+
+
+def lock_held(path: str) -> bool:
+    """Whether another holds the file's lock (probed for an instant, not waited for)."""
+    try:
+        probe = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(probe)  # also lets go of the lock if the probe took it
+    return False
+
+
+def claim(run_dir: str) -> int | None:
+    """The folder's lock, held, once this process is recorded as the folder's one run; None if another is."""
+    lock = exclusive_lock(os.path.join(run_dir, LOCK_FILE))
+    if lock is None:
+        return None
     # written whole under another name, then linked: `run.pid` never exists empty, and linking fails if it exists
     partial = os.path.join(run_dir, f"{PID_FILE}.{os.getpid()}")
     with open(partial, "w") as out:
