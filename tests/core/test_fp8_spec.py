@@ -11,6 +11,7 @@ from tunewright_core.plan_of_record import spec_hash
 from tunewright_core.planner import calibration
 from tunewright_core.planner.estimate import (
     FP8_BASE,
+    PLACEMENT,
     Layout,
     Workload,
     estimate,
@@ -61,6 +62,19 @@ def test_fp8_runs_the_blocks_linear_products_and_counts_their_casts():
     fsdp = estimate(fp8, Layout("fsdp", 2, 1, 8, 1, False, shard_group=2), two, CAL)
     assert FP8_BASE not in fsdp.memory_breakdown  # FSDP gathers the bf16 shards and casts them at each product
     assert FP8_BASE in estimate(fp8, Layout("ddp", 2, 1, 8, 1, False), two, CAL).memory_breakdown
+
+
+def test_a_base_kept_in_fp8_is_placed_whole_in_bf16_first():
+    """The runtime places the bf16 model, then casts its blocks: an 8B's peak is training's; a 70B's bf16 base
+    does not fit one H200 at placement, so its FP8 base on one GPU is not planned however small its blocks get."""
+    fp8 = Workload(LLAMA_8B, "lora", 1024, 4, 1, precision="fp8")  # fp8_check's case: 27 GiB at training's peak
+    assert estimate(fp8, Layout("single", 1, 1, 4, 1, False), ONE_H200, CAL).peak_moment != PLACEMENT
+    seventy = CATALOG["meta-llama/Llama-3.1-70B"]
+    e = estimate(Workload(seventy, "lora", 1024, 1, 1, precision="fp8"), Layout("single", 1, 1, 1, 1, True),
+                 ONE_H200, CAL)
+    assert e.peak_moment == PLACEMENT and e.peak_memory_bytes > seventy.params * 2
+    plan = plan_job(spec("fp8"), ONE_H200, CAL, seventy)
+    assert plan.cpu_offload or plan.gpus > 1
 
 
 def test_the_plan_says_whether_fp8_pays_and_widens_its_band():

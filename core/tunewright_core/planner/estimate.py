@@ -175,6 +175,7 @@ class Calibration:
 
 
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
+PLACEMENT = "placement (the bf16 base whole on the GPU, before its blocks are cast to FP8)"
 REFERENCE_WEIGHTS = "dpo reference weights (bf16, frozen)"
 NF4_BASE = "frozen base (NF4 blocks, bf16 rest)"
 FP8_BASE = "frozen base (FP8 blocks, bf16 rest)"
@@ -185,8 +186,9 @@ ROOT_GATHERED = "embeddings and head, gathered (bf16)"
 ROOT_GRADIENTS = "embedding and head gradients, reducing (bf16 + fp32 copy)"
 LOSS_GRADIENTS = "loss's head and hidden-state gradients (bf16)"
 # the terms at each moment that are not states kept through the step
+BF16_BASE_PLACED = "frozen base (bf16, placed whole)"
 TRANSIENT_TERMS = {START_OF_BACKWARD: ("activations", "logits and loss", LOSS_GRADIENTS),
-                   END_OF_BACKWARD: (GRADIENTS, ROOT_GRADIENTS)}
+                   END_OF_BACKWARD: (GRADIENTS, ROOT_GRADIENTS), PLACEMENT: (BF16_BASE_PLACED,)}
 
 
 @dataclass(frozen=True)
@@ -362,10 +364,15 @@ def peak_memory(w: Workload, layout: Layout, cal: Calibration) -> tuple[str, dic
     """When the peak falls and its terms. Each block's backward frees its activations and adds its
     gradients, so memory moves monotonically from the start of backward (states, activations, logits) to
     its end (states, gradients) and peaks at one of the two: the first for large micro-batches, the second
-    for large models on few GPUs at small ones."""
+    for large models on few GPUs at small ones. A base kept as FP8 casts is placed whole in bf16 first: that
+    moment too (a 70B base does not fit one H200 so, though its FP8 blocks would)."""
     start = {**gpu_state_bytes(w, layout), **activation_bytes(w, layout, cal)}
     end = end_of_backward_bytes(w, layout)
-    return (END_OF_BACKWARD, end) if sum(end.values()) > sum(start.values()) else (START_OF_BACKWARD, start)
+    moments = [(START_OF_BACKWARD, start), (END_OF_BACKWARD, end)]
+    if keeps_fp8_copies(w, layout):  # the runtime places the bf16 model, then casts its blocks (fp8.keep_frozen_casts)
+        moments.append((PLACEMENT, {BF16_BASE_PLACED: BF16 * w.model.params,
+                                    "adapters, grads, AdamW": 4 * FP32 * w.trainable_params}))
+    return max(moments, key=lambda moment: sum(moment[1].values()))
 
 
 # --- time --------------------------------------------------------------------------------------------
