@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tunewright_api.backends.local_folder import serving_url
 from tunewright_api.cli import RequestFailed, ended, render, run_on
 from tunewright_api.cli.local import LocalApi, serve_again
 
@@ -33,6 +34,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("demo-output"))
     args = parser.parse_args()
     out = args.out.resolve()
+    served = serving_url(out / "api")
+    if served:  # the demo's last lines say how to serve its folder: one doing so now would lose its database
+        print(f"error: {out / 'api'} is served by the API at {served} (tunewright serve): stop it first; the demo "
+              "starts that folder afresh", file=sys.stderr)
+        return 1
     shutil.rmtree(out / "api", ignore_errors=True)  # a fresh service and job each time
     out.mkdir(parents=True, exist_ok=True)
     print("building the tiny model kit (random-init GPT-2, local tokenizer)...", flush=True)

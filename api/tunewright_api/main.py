@@ -10,7 +10,7 @@ from sqlmodel import Session
 
 from tunewright_api import errors
 from tunewright_api.auth import bootstrap_admin
-from tunewright_api.backends import make_backend
+from tunewright_api.backends import local_folder, make_backend
 from tunewright_api.db import make_engine, migrate
 from tunewright_api.deps import check_url_values
 from tunewright_api.limits import RequestLimits
@@ -38,18 +38,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        sweep_all_partials(settings.data_dir)
-        engine = make_engine(settings.resolved_database_url)
-        migrate(engine)
-        if settings.admin_token:
-            with Session(engine) as session:
-                bootstrap_admin(session, settings.admin_token)
-        backend = make_backend(settings, engine)
-        app.state.settings, app.state.engine, app.state.backend = settings, engine, backend
-        backend.start()
-        yield
-        backend.stop()
-        engine.dispose()
+        # the local backend's folder has one API (local_folder): claimed before anything in it is touched (its
+        # database, its admin token), so a refused API changes nothing of the one that has it
+        folder = local_folder.claim(settings.data_dir, settings.public_url) if settings.backend == "local" else None
+        try:
+            sweep_all_partials(settings.data_dir)
+            engine = make_engine(settings.resolved_database_url)
+            migrate(engine)
+            if settings.admin_token:
+                with Session(engine) as session:
+                    bootstrap_admin(session, settings.admin_token)
+            backend = make_backend(settings, engine)
+            app.state.settings, app.state.engine, app.state.backend = settings, engine, backend
+            backend.start()
+            try:
+                yield
+            finally:
+                backend.stop()
+                engine.dispose()
+        finally:
+            if folder is not None:
+                local_folder.release(settings.data_dir, folder)
 
     app = FastAPI(title="tunewright", version="0.1.0", lifespan=lifespan, dependencies=[Depends(check_url_values)],
                   description="Fine-tuning jobs: submit, watch, measure. OpenAI-compatible where it can be.")

@@ -7,13 +7,16 @@ takes the output's gradient in E5M2 (more range): the input's gradient is E5M2 x
 trains, the weight's gradient is E5M2 x E4M3 too; backward saves the input, in FP8, only for that gradient.
 
 A frozen weight that stays a plain tensor on the GPU (a LoRA base on one-GPU shards: single, ddp) is cast once, by
-`keep_frozen_casts` after the model is placed, and kept as that cast alone: its bf16 storage is freed, a byte a
-weight where bf16 took two. Nothing reads a frozen base's weights after that (checkpoints hold the trained weights
-only, a merged export loads the base anew), and anything that tried would fail on the freed storage rather than
-read stale numbers. Any other weight (trained, or gathered by FSDP) is cast in each forward and again in backward. Everything here is plain tensor code that torch.compile traces whole, so a compiled block fuses each
-cast into the work before it (the norm before q, k and v; the product before the output's gradient). The output
-head, attention and norms stay in the compute dtype, as do the adapters' products. torchao's float8 training
-("tensorwise") is the reference design.
+`keep_frozen_casts` after the model is placed, and kept as that cast alone: the weight becomes a meta parameter of
+its shape and dtype (its bf16 storage freed), a byte a weight where bf16 took two. Nothing reads a frozen base's
+weights after that (checkpoints hold the trained weights only, a merged export loads the base anew); reading its
+values would raise (a meta tensor has none), never return stale numbers. Any other weight (trained, or gathered by
+FSDP) is cast in each forward and again in backward.
+
+Everything here is plain tensor code that torch.compile traces whole, so a compiled block fuses each cast into the
+work before it (the norm before q, k and v; the product before the output's gradient). The output head, attention
+and norms stay in the compute dtype, as do the adapters' products. torchao's float8 training ("tensorwise") is the
+reference design.
 """
 
 from __future__ import annotations
@@ -140,8 +143,9 @@ def convert_blocks_to_fp8(blocks: list[torch.nn.Module]) -> int:
 @torch.no_grad()
 def keep_frozen_casts(blocks: list[torch.nn.Module], device: torch.device) -> int:
     """Each FP8 layer whose weight is frozen and a plain tensor on `device` (not one FSDP shards, gathers and
-    offloads: a DTensor), cast once and kept as that cast alone, its own storage freed (its shape and dtype stay,
-    for what reads them); returns how many."""
+    offloads: a DTensor), cast once and kept as that cast alone: the module's weight becomes a meta parameter of
+    the same shape and dtype, and the old one's storage is freed where it owns it whole (a view of a storage shared
+    with other weights is left to them); returns how many."""
     kept = 0
     for block in blocks:
         for module in block.modules():
@@ -150,6 +154,8 @@ def keep_frozen_casts(blocks: list[torch.nn.Module], device: torch.device) -> in
                     or weight.device != device:
                 continue
             module.weight_fp8, module.weight_inverse_scale = to_fp8(weight, E4M3)
-            weight.untyped_storage().resize_(0)
+            module.weight = torch.nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+            if weight.storage_offset() == 0 and weight.untyped_storage().nbytes() == weight.nbytes:
+                weight.untyped_storage().resize_(0)  # what else holds the old one (FSDP's ignored set) holds no bytes
             kept += 1
     return kept

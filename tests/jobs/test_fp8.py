@@ -105,10 +105,13 @@ def test_a_frozen_weight_is_cast_once_and_kept_as_that_cast_alone_and_a_trained_
     casts = []
     original = fp8.to_fp8
     monkeypatch.setattr(fp8, "to_fp8", lambda t, dtype: casts.append(tuple(t.shape)) or original(t, dtype))
-    frozen, reference = pair(trains=False)
-    assert casts == [(96, 64)]  # by keep_frozen_casts
-    # the bf16 weight's storage is freed (its shape and dtype stay): a byte a weight where bf16 took two
-    assert frozen.weight.untyped_storage().size() == 0 and frozen.weight.shape == (96, 64)
+    frozen, reference = pair(trains=False, keep=False)
+    bf16_weight = frozen.weight
+    assert keep_frozen_casts([frozen], CPU) == 1 and casts == [(96, 64)]
+    # the bf16 weight is gone (a meta parameter of its shape and dtype stands in): a byte a weight where bf16 took
+    # two, and no value of it left to read
+    assert bf16_weight.untyped_storage().size() == 0
+    assert frozen.weight.is_meta and (frozen.weight.shape, frozen.weight.dtype) == ((96, 64), torch.bfloat16)
     assert frozen.weight_fp8.dtype == fp8.E4M3 and frozen.weight_fp8.untyped_storage().size() == 96 * 64
     x = torch.randn(16, 64, dtype=torch.bfloat16, requires_grad=True)
     for _ in range(3):
@@ -190,7 +193,9 @@ def _placed_and_kept(rank: int, store: str, model_dir: str, out: str) -> None:
     places it, its frozen casts kept; which were kept, the weights' kind, and a step's numbers."""
     from torch.distributed.tensor import DTensor
 
-    from tunewright_jobs.model import load_model
+    from tunewright_jobs.checkpoint import read_checkpoint, write_checkpoint
+    from tunewright_jobs.export import export_final
+    from tunewright_jobs.model import load_model, load_tokenizer
     from tunewright_jobs.parallel import Dist, wrap_model
 
     torch_dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=1)
@@ -202,7 +207,8 @@ def _placed_and_kept(rank: int, store: str, model_dir: str, out: str) -> None:
             torch.manual_seed(0)
             model = load_model(cfg)
             blocks = transformer_blocks(model)
-            model, masters = wrap_model(cfg, model, Dist(0, 1, 0, CPU))
+            dist = Dist(0, 1, 0, CPU)
+            model, masters = wrap_model(cfg, model, dist)
             kept = keep_frozen_casts(blocks, CPU)
             q = blocks[0].self_attn.q_proj.base_layer
             ids = torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(0))
@@ -210,6 +216,19 @@ def _placed_and_kept(rank: int, store: str, model_dir: str, out: str) -> None:
             # at the start only the B matrices' gradients are nonzero (A's are multiplied by B = 0)
             learning = sum(1 for p in masters.trainable if p.grad is not None and p.grad.abs().sum() > 0)
             seen[name] = {"kept": kept, "dtensor": isinstance(q.weight, DTensor), "learning": learning}
+            # what a run does with the model after that reads no frozen base weight: the reference forward (the
+            # adapters off), a checkpoint written and read, the adapter exported
+            with torch.no_grad(), model.disable_adapter():
+                model(input_ids=ids)
+            optimizer = torch.optim.AdamW(masters.trainable)
+            optimizer.step()
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+            Path(out, name, "ckpt").mkdir(parents=True)
+            with masters.masters_installed():  # as the trainer saves, resumes and exports
+                write_checkpoint(Path(out, name, "ckpt"), model, optimizer, scheduler, {"step": 1}, dist)
+                read_checkpoint(Path(out, name, "ckpt"), model, optimizer, scheduler, dist)
+                export_final(cfg, model, load_tokenizer(cfg), dist)
+            seen[name]["exported"] = (Path(cfg.output_dir) / "final" / "adapter" / "adapter_model.safetensors").is_file()
         Path(out, "seen.json").write_text(json.dumps(seen))
     finally:
         torch_dist.destroy_process_group()
@@ -236,13 +255,25 @@ def test_the_frozen_base_is_kept_as_casts_where_placement_leaves_it_a_plain_tens
     layers = AutoConfig.from_pretrained(tiny_models["llama"]).num_hidden_layers
     for name in KEEP_CASES:
         assert seen[name] == {"kept": 7 * layers if KEPT[name] else 0, "dtensor": not KEPT[name],
-                              "learning": 7 * layers}, name
+                              "learning": 7 * layers, "exported": True}, name
+
+
+def test_a_weight_sharing_its_storage_is_kept_without_freeing_the_others():
+    """A checkpoint's fused weight split into views (transformers' conversions) shares one storage: the kept one
+    goes meta, the storage stays for the rest."""
+    fused = torch.randn(192, 64, dtype=torch.bfloat16)
+    first, second = torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(64, 96, bias=False)
+    first.weight = torch.nn.Parameter(fused[:96], requires_grad=False)
+    second.weight = torch.nn.Parameter(fused[96:], requires_grad=False)
+    convert_blocks_to_fp8([first])
+    assert keep_frozen_casts([first], CPU) == 1 and first.weight.is_meta
+    torch.testing.assert_close(second.weight, fused[96:])
 
 
 def test_a_weight_on_another_device_than_the_runs_is_not_kept():
     converted, _ = pair(trains=False, keep=False)
     assert keep_frozen_casts([converted], torch.device("cuda", 0)) == 0
-    assert converted.weight_fp8 is None and converted.weight.untyped_storage().size() == 96 * 64 * 2
+    assert converted.weight_fp8 is None and not converted.weight.is_meta
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -28,7 +28,7 @@ from pathlib import Path
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from tunewright_api.backends import AlreadyFinished, Planned, Ticker, local_folder, local_launcher
+from tunewright_api.backends import AlreadyFinished, Planned, Ticker, local_launcher
 from tunewright_api.backends.local_launcher import LOCK_FILE, PID_FILE, REFUSED, lock_held
 from tunewright_api.backends.local_ray import ServerRay, auth_environment
 from tunewright_api.errors import ApiError
@@ -144,7 +144,6 @@ class LocalBackend:
         self.settings, self.engine = settings, engine
         self.jobs_root = (settings.data_dir / "jobs").resolve()
         self._children: dict[str, subprocess.Popen] = {}
-        self._folder_lock: int | None = None
         self._lock = threading.Lock()
         self._scheduler = Ticker("tunewright-local-backend", self.tick, poll_seconds, at_once=False)
         shared = settings.local_ray and settings.local_shared_ray and not settings.ray_address
@@ -153,8 +152,6 @@ class LocalBackend:
 
     # --- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> None:
-        # the folder's one API (local_folder): refused, saying which API has it, before anything is touched
-        self._folder_lock = local_folder.claim(self.settings.data_dir, self.settings.public_url)
         self.reconcile()
         self._scheduler.start()
         if self._ray is not None:  # warm before the first job asks for it
@@ -175,9 +172,6 @@ class LocalBackend:
                 running = session.exec(select(Job).where(Job.status == "running")).first()
             if running is None:
                 self._ray.stop()
-        if self._folder_lock is not None:
-            local_folder.release(self.settings.data_dir, self._folder_lock)
-            self._folder_lock = None
 
     # --- the pool and plans ---------------------------------------------------------------------------
     def pools(self) -> list[dict]:

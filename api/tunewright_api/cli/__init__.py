@@ -197,6 +197,13 @@ def job_id_of(value: str) -> str:
     return value.rsplit(":", 1)[-1] if value.startswith("ft:") else value
 
 
+def reachable_url(host: str, port: int) -> str:
+    """Where a server listening on `host` is reached from this machine: a wildcard host is where it listens, not an
+    address (loopback is); an IPv6 address goes in brackets."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def cmd_serve(args, client: Client) -> int:
     import uvicorn
 
@@ -216,7 +223,7 @@ def cmd_serve(args, client: Client) -> int:
         settings.admin_token = token_file.read_text().strip()
         print(f"admin token in {token_file} (export TUNEWRIGHT_TOKEN=$(cat {token_file}))", flush=True)
     settings.public_url = settings.public_url if "TUNEWRIGHT_PUBLIC_URL" in os.environ else \
-        f"http://{args.host}:{args.port}"
+        reachable_url(args.host, args.port)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
     return OK
 
@@ -230,11 +237,15 @@ def cmd_train(args, client: Client) -> int:
     spec = checked_spec(spec_from_args(args), args.spec or "the flags")
     settings = Settings()  # serve's: its data folder (TUNEWRIGHT_DATA_DIR, else ./.tunewright) and admin token
     data_dir = settings.data_dir.resolve()
-    admin = settings.admin_token or admin_token_file(data_dir).read_text().strip()
-    folders: dict[str, Path] = {}
     served = serving_url(data_dir)
     if served:
         print(f"using the API already serving {data_dir} at {served}", flush=True)
+    # the folder's admin token (made here for an API of its own; a running API's file is only read: one started
+    # with TUNEWRIGHT_ADMIN_TOKEN has none, and check_admin says so)
+    kept = data_dir / "admin.token"
+    admin = settings.admin_token or (kept.read_text().strip() if served and kept.is_file() else
+                                     "" if served else admin_token_file(data_dir).read_text().strip())
+    folders: dict[str, Path] = {}
     try:
         with LocalApi(data_dir, admin, data_dir / "api.log", serving=served) as api:
             token = api.tenant_token("local", kept_in=data_dir / "local.token")

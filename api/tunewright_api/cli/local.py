@@ -53,6 +53,7 @@ class LocalApi:
     def __enter__(self) -> LocalApi:
         if not self.started:
             self.wait_healthy(timeout=10)
+            self.check_admin()
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("w") as log:
@@ -77,11 +78,10 @@ class LocalApi:
                 self.admin.request("GET", "/healthz")
                 return
             except RequestFailed as err:
-                if self.process is None:  # the folder's own API: it answers or it does not
-                    if err.status == 401 or time.monotonic() > deadline:
-                        raise RequestFailed(f"the API serving {self.data_dir} at {self.url} does not answer with "
-                                            f"this folder's admin token ({err}): stop it, or submit to it "
-                                            "yourself (tunewright --url ... submit)") from None
+                if self.process is None:  # the folder's own API: it answers (or is stopping) or it does not
+                    if time.monotonic() > deadline:
+                        raise RequestFailed(f"the API serving {self.data_dir} at {self.url} does not answer ({err}): "
+                                            "try again once it is up, or stop it") from None
                     time.sleep(0.2)
                     continue
                 code = self.process.poll()
@@ -92,6 +92,18 @@ class LocalApi:
                     raise RequestFailed(f"the API on this machine did not answer within {timeout:.0f} s: its log "
                                         f"is {self.log_path}") from None
                 time.sleep(0.2)
+
+    def check_admin(self) -> None:
+        """The folder's running API knows this command's admin token (it may have been started with another)."""
+        try:
+            self.admin.request("GET", "/v1/tokens", params={"limit": 1})  # admin only
+        except RequestFailed as err:
+            if err.status not in (401, 403):
+                raise
+            raise RequestFailed(f"the API serving {self.data_dir} at {self.url} was started with another admin token "
+                                "than this command has: give this command that one (TUNEWRIGHT_ADMIN_TOKEN), or submit "
+                                f"to it with a tenant's token (tunewright --url {self.url} --token ... submit)",
+                                status=401) from None
 
     def stop(self) -> None:
         """Asked to stop, then killed if it has not within 30 s (or a second Ctrl-C comes first). Running jobs
