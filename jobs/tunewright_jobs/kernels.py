@@ -150,7 +150,9 @@ def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype
         raise ValueError("kernels.recompute: the compiler recomputes the blocks' elementwise work, and this run "
                          f"does not compile them ({why}): set kernels.compile on, or recompute off")
     method = "qlora" if cfg.method.lora.quantization == "nf4" and cfg.method.type == "lora" else cfg.method.type
-    measured = (method, cfg.method.objective, cfg.strategy.precision) in RECOMPUTED_BY_DEFAULT
+    # the products' precision as this run computes them: `auto` (every job config the API writes) is bf16 on a GPU
+    precision = "fp8" if cfg.strategy.precision == "fp8" else "bf16" if compute_dtype == torch.bfloat16 else "fp32"
+    measured = (method, cfg.method.objective, precision) in RECOMPUTED_BY_DEFAULT
     recompute = k.recompute == "on" or (k.recompute == "auto" and compile_blocks and device.type == "cuda"
                                         and measured)
     if k.recompute == "on":
@@ -159,7 +161,7 @@ def resolve(cfg: JobConfig, device: torch.device, lm, compute_dtype: torch.dtype
         reasons.append("recompute: elementwise work in backward")
     else:
         reasons.append("recompute: off" + (f" (not yet measured for {method} {cfg.method.objective} in "
-                                           f"{cfg.strategy.precision})" if k.recompute == "auto" and compile_blocks
+                                           f"{precision})" if k.recompute == "auto" and compile_blocks
                                            and not measured else ""))
     return Kernels(attention, fused, compile_blocks, tuple(reasons), recompute)
 

@@ -131,6 +131,20 @@ def test_each_run_takes_the_paths_its_device_and_model_allow(sections, device, l
     assert why in kernels.describe()
 
 
+@pytest.mark.parametrize(("sections", "dtype", "on"), [
+    ({}, BF16, True),  # precision auto, as every job config the API writes has it: bf16 on a GPU
+    ({"strategy": {"precision": "bf16", "use_gpu": True}}, BF16, True),
+    ({"strategy": {"precision": "fp8", "use_gpu": True}}, BF16, False),  # not yet measured
+    ({}, torch.float32, False),
+    ({"method": {"type": "full"}}, BF16, False),
+])
+def test_recompute_auto_is_on_where_a_gpu_measured_it(hopper, sections, dtype, on):
+    """A measurement found it off for every job config the API writes (precision auto): the default is read from
+    the precision the run computes in, not the word in its config."""
+    kernels = resolve(job(**sections), CUDA, LLAMA, dtype)
+    assert kernels.recompute is on, kernels.describe()
+
+
 def test_recompute_is_asked_for_on_compiled_blocks_only(hopper):
     asked = resolve(job(kernels={"compile": "on", "recompute": "on"}), CPU, LLAMA, torch.float32)
     assert asked.recompute and "recompute: elementwise work in backward (asked for)" in asked.describe()
