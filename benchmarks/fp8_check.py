@@ -24,6 +24,7 @@ from gpu_runs import (  # noqa: E402
     MODELS,
     SMOKE_MODELS,
     build_model,
+    device_name,
     measured_steps,
     one_gpu_strategy,
     run_on_ray,
@@ -138,7 +139,7 @@ def main() -> int:
                 speed = pair["fp8"]["tokens_per_second"] / pair["bf16"]["tokens_per_second"]
                 print(f"{case.name}: fp8 {speed:.3f}x bf16 tokens/s; last {TAIL} steps' loss fp8/bf16 "
                       f"{tails['fp8'] / tails['bf16']:.4f}", flush=True)
-    args.out.write_text(json.dumps({"gpu": "cpu (smoke)" if args.smoke else "H200",
+    args.out.write_text(json.dumps({"gpu": device_name(args.smoke),
                                     "time": time.strftime("%Y-%m-%d %H:%M"), "runs": rows}, indent=2) + "\n")
     return 0
 

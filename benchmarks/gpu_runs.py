@@ -203,6 +203,16 @@ def one_gpu_strategy(micro_batch: int, activation_checkpointing: bool, cpu_offlo
             "activation_checkpointing": activation_checkpointing, "cpu_offload": cpu_offload and not smoke}
 
 
+def device_name(smoke: bool) -> str:
+    """What a check ran on, as its result file records it: the GPU's own name (not the card the check was
+    written for: a session may be lent another)."""
+    if smoke:
+        return "cpu (smoke)"
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
 def measured_steps(measured: list[dict]) -> dict:
     """Trained tokens over the measured steps' time, their median step, their peak memory."""
     return {"tokens_per_second": sum(r["tokens"] for r in measured) / sum(r["step_seconds"] for r in measured),

@@ -1,5 +1,6 @@
 """The baselines users run today: Hugging Face `Trainer` + PEFT, plain or with `use_liger_kernel=True`, and
-Unsloth (its `FastLanguageModel` loading and LoRA, its defaults: its own offloaded gradient checkpointing; the
+Unsloth (its `FastLanguageModel` loading and LoRA; `unsloth` with its defaults, its own offloaded gradient
+checkpointing, `unsloth-no-ckpt` with `use_gradient_checkpointing=False`, every activation kept: its fastest; the
 same `Trainer`, which Unsloth patches). Unsloth needs a CUDA GPU and is imported before transformers, as it asks.
 
 One case per process (`vs_hf.py` runs it): the same model folder, the same examples tokenized by the same
@@ -28,23 +29,30 @@ sys.path.insert(0, str(ROOT / "core"))
 UNSLOTH_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+UNSLOTH_SYSTEMS = ("unsloth", "unsloth-no-ckpt")
+
+
 def unsloth_model(case: dict, lora: bool):
     """The model as an Unsloth user loads it: bf16, no 4-bit, Unsloth's LoRA (rank 16, alpha 32, no dropout) with
-    its default gradient checkpointing, or its full fine-tuning."""
+    its default gradient checkpointing (`unsloth`) or none (`unsloth-no-ckpt`), or its full fine-tuning."""
     import torch
     from unsloth import FastLanguageModel
 
+    checkpointing = "unsloth" if case["system"] == "unsloth" else False
+
     model, _ = FastLanguageModel.from_pretrained(case["model_dir"], max_seq_length=case["seq_len"],
-                                                 dtype=torch.bfloat16, load_in_4bit=False, full_finetuning=not lora)
+                                                 dtype=torch.bfloat16, load_in_4bit=False, full_finetuning=not lora,
+                                                 use_gradient_checkpointing=checkpointing)
     if lora:
         model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=32, lora_dropout=0.0, bias="none",
-                                                 target_modules=UNSLOTH_TARGETS, random_state=case["seed"])
+                                                 target_modules=UNSLOTH_TARGETS, random_state=case["seed"],
+                                                 use_gradient_checkpointing=checkpointing)
     return model
 
 
 def main() -> int:
     case = json.loads(Path(sys.argv[1]).read_text())
-    if case["system"] == "unsloth":
+    if case["system"] in UNSLOTH_SYSTEMS:
         import unsloth  # noqa: F401  (first: it patches transformers and peft as they load)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
@@ -78,12 +86,12 @@ def main() -> int:
 
     lora = case["method"] == "lora"
     dtype = torch.bfloat16 if lora and cuda else torch.float32  # full: fp32 master weights under bf16 autocast
-    if case["system"] == "unsloth":
+    if case["system"] in UNSLOTH_SYSTEMS:
         model = unsloth_model(case, lora)
     else:
         model = AutoModelForCausalLM.from_pretrained(case["model_dir"], dtype=dtype, attn_implementation="sdpa")
     model.config.use_cache = False
-    if lora and case["system"] != "unsloth":
+    if lora and case["system"] not in UNSLOTH_SYSTEMS:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",

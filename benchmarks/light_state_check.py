@@ -28,6 +28,7 @@ from gpu_runs import (  # noqa: E402
     PEAK_FLOPS,
     SMOKE_MODELS,
     build_model,
+    device_name,
     measured_steps,
     one_gpu_strategy,
     run_on_ray,
@@ -124,7 +125,7 @@ def main() -> int:
         tail = {n: statistics.fmean(by_name[n]["losses"][-50:]) for n in ("1b-fp32", "1b-bf16")}
         print(f"last 50 steps' mean loss: fp32 {tail['1b-fp32']:.4f}, bf16 {tail['1b-bf16']:.4f}, "
               f"ratio {tail['1b-bf16'] / tail['1b-fp32']:.4f}")
-    args.out.write_text(json.dumps({"gpu": "cpu (smoke)" if args.smoke else "H200",
+    args.out.write_text(json.dumps({"gpu": device_name(args.smoke),
                                     "time": time.strftime("%Y-%m-%d %H:%M"), "runs": rows}, indent=2) + "\n")
     for row in rows:
         print(f"{row['case']['name']:18} tok/s {row.get('tokens_per_second', 0):9.0f} "

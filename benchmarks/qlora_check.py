@@ -27,6 +27,7 @@ from gpu_runs import (  # noqa: E402
     MODELS,
     PEAK_FLOPS,
     build_model,
+    device_name,
     measured_steps,
     one_gpu_strategy,
     run_on_ray,
@@ -219,7 +220,7 @@ def main() -> int:
                    **run_case(case, built[case.model], data, args.work, args.smoke)}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "losses"})[:1500], flush=True)
-    result = {"gpu": "cpu (smoke)" if args.smoke else "H200", "time": time.strftime("%Y-%m-%d %H:%M"),
+    result = {"gpu": device_name(args.smoke), "time": time.strftime("%Y-%m-%d %H:%M"),
               "peak_flops": PEAK_FLOPS, "runs": rows}
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'case':28} {'tok/s':>9} {'pred':>9} {'peak GiB':>9} {'pred':>7}")

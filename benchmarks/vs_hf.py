@@ -6,7 +6,8 @@ after every run (a cut-off call keeps what finished).
 
 Systems: `hf`, `hf+liger` (`Trainer(..., use_liger_kernel=True)`), `unsloth` (2026.10.9 with unsloth_zoo, trl, datasets
 and a bitsandbytes slimmed to the GPU's CUDA, carried to the GPU machine as wheels; SDPA there: flash-attn is
-not in the image), `tunewright` (its defaults: every fast path on), and the levers one by one for the accounting: `tw-plain` (all off: the runtime before them),
+not in the image; its defaults, offloaded gradient checkpointing) and `unsloth-no-ckpt` (the same without
+checkpointing: its fastest, issue 35's like-for-like bar), `tunewright` (its defaults: every fast path on), and the levers one by one for the accounting: `tw-plain` (all off: the runtime before them),
 `tw-fused` (+ fused linear cross-entropy), `tw-fused-varlen` (+ varlen attention; + compile = `tunewright`), and
 `tw-recompute` (`tunewright` + `kernels.recompute: on`: its compiled blocks recompute their elementwise work in
 backward, keeping a third fewer activations; the default for bf16 LoRA sft since 2026-12-05, so there the same
@@ -70,7 +71,8 @@ TW_SYSTEMS = {  # job config sections over the runtime's defaults
     "tw-recompute": {"kernels": {"recompute": "on"}},  # + fewer activations kept (kernels.recompute)
     "tw-fp8": {"strategy": {"precision": "fp8"}},  # the blocks' products in FP8 (opt-in; a GPU of Hopper's kind)
 }
-HF_SYSTEMS = ("hf", "hf+liger", "unsloth")  # hf_baseline.py runs each
+HF_SYSTEMS = ("hf", "hf+liger", "unsloth", "unsloth-no-ckpt")  # hf_baseline.py runs each
+UNSLOTH_SYSTEMS = ("unsloth", "unsloth-no-ckpt")
 SYSTEMS = (*TW_SYSTEMS, *HF_SYSTEMS)
 DEFAULT_SYSTEMS = ("tunewright", "tw-plain", "hf", "hf+liger")
 
@@ -177,7 +179,7 @@ def run_hf(name: str, case: Case, system: str, model_dir: Path, data: Path, work
            smoke: bool = False) -> dict:
     if case.gpus > 1:
         return {"skipped": "the HF baseline here runs on one GPU"}
-    if system == "unsloth" and smoke:
+    if system in UNSLOTH_SYSTEMS and smoke:
         return {"skipped": "Unsloth needs a CUDA GPU"}
     out = work / f"{name}--{system}"
     out.mkdir(parents=True, exist_ok=True)
@@ -203,6 +205,14 @@ def loss_gap(a: list[float], b: list[float]) -> float | None:
     return max(abs(x - y) / abs(y) for x, y in zip(a[:n], b[:n], strict=True)) if n else None
 
 
+def over(ours: dict, theirs: dict, speedup: str, memory_ratio: str) -> dict[str, float]:
+    """`ours` against `theirs`: the tokens/s ratio and, where both measured it, the peak memory ratio."""
+    ratios = {speedup: ours["tokens_per_second"] / theirs["tokens_per_second"]}
+    if ours.get("peak_memory_gib") and theirs.get("peak_memory_gib"):
+        ratios[memory_ratio] = ours["peak_memory_gib"] / theirs["peak_memory_gib"]
+    return ratios
+
+
 def summarize(rows: dict[str, dict[str, dict]], cases: dict[str, Case]) -> dict[str, dict]:
     """Per case: tunewright against the strongest baseline (HF, HF + Liger or Unsloth) and against Unsloth alone,
     packed against fixed rows, the levers."""
@@ -214,19 +224,12 @@ def summarize(rows: dict[str, dict[str, dict]], cases: dict[str, Case]) -> dict[
         summary: dict = {}
         if ours and baselines:
             stronger = max(baselines, key=lambda s: ok[s]["tokens_per_second"])
-            summary |= {"stronger_baseline": stronger,
-                        "speedup": ours["tokens_per_second"] / ok[stronger]["tokens_per_second"]}
-            if ours.get("peak_memory_gib") and ok[stronger].get("peak_memory_gib"):
-                summary["memory_ratio"] = ours["peak_memory_gib"] / ok[stronger]["peak_memory_gib"]
-        if ours and "unsloth" in ok:  # issue 35's bar: 1.3x its tokens/s at or below its peak memory
-            summary["speedup_over_unsloth"] = ours["tokens_per_second"] / ok["unsloth"]["tokens_per_second"]
-            if ours.get("peak_memory_gib") and ok["unsloth"].get("peak_memory_gib"):
-                summary["memory_ratio_over_unsloth"] = ours["peak_memory_gib"] / ok["unsloth"]["peak_memory_gib"]
-        if "tw-fp8" in ok and "unsloth" in ok:  # FP8 products against Unsloth's bf16 ones: another precision
-            fp8 = ok["tw-fp8"]
-            summary["fp8_speedup_over_unsloth"] = fp8["tokens_per_second"] / ok["unsloth"]["tokens_per_second"]
-            if fp8.get("peak_memory_gib") and ok["unsloth"].get("peak_memory_gib"):
-                summary["fp8_memory_ratio_over_unsloth"] = fp8["peak_memory_gib"] / ok["unsloth"]["peak_memory_gib"]
+            summary |= {"stronger_baseline": stronger} | over(ours, ok[stronger], "speedup", "memory_ratio")
+        for unsloth in (u for u in UNSLOTH_SYSTEMS if u in ok):  # issue 35's bar: 1.3x at or below its memory
+            for key, system in (("", "tunewright"), ("fp8_", "tw-fp8")):  # FP8 against bf16: another precision
+                if system in ok:
+                    summary |= over(ok[system], ok[unsloth], f"{key}speedup_over_{unsloth}",
+                                    f"{key}memory_ratio_over_{unsloth}")
         if ours and "tw-fp8" in ok:
             summary["fp8_speedup"] = ok["tw-fp8"]["tokens_per_second"] / ours["tokens_per_second"]
         if ours and "tw-plain" in ok:

@@ -138,20 +138,31 @@ def test_the_light_state_check_runs_both_states_through_ray(tmp_path):
 
 
 def test_unsloth_is_a_baseline_of_its_own_in_the_summary(tmp_path):
-    """Unsloth stands beside HF and HF + Liger: the strongest of the three is the bar, and the ratios against
-    Unsloth alone (issue 35's 1.3x at or below its memory) are reported; a CPU smoke run skips it, saying why."""
+    """Unsloth stands beside HF and HF + Liger: the strongest of them is the bar, and the ratios against each
+    Unsloth configuration (its defaults, and without checkpointing: issue 35's 1.3x at or below its memory) are
+    reported, bf16's and FP8's apart; a CPU smoke run skips both, saying why."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import vs_hf
 
     row = lambda tps, gib: {"tokens_per_second": tps, "peak_memory_gib": gib, "losses": [1.0]}  # noqa: E731
-    rows = {"llama8b-lora": {"tunewright": row(16_437, 34.2), "hf": row(9_000, 40.0), "unsloth": row(15_039, 30.7)}}
+    rows = {"llama8b-lora": {"tunewright": row(16_437, 34.2), "tw-fp8": row(19_334, 27.7), "hf": row(9_000, 40.0),
+                             "unsloth": row(11_000, 9.0), "unsloth-no-ckpt": row(15_039, 30.7)}}
     summary = vs_hf.summarize(rows, vs_hf.CASES)["llama8b-lora"]
-    assert summary["stronger_baseline"] == "unsloth"
-    assert summary["speedup_over_unsloth"] == pytest.approx(16_437 / 15_039)
-    assert summary["memory_ratio_over_unsloth"] == pytest.approx(34.2 / 30.7)
-    skipped = vs_hf.run_hf("llama8b-lora", vs_hf.CASES["llama8b-lora"], "unsloth", tmp_path, tmp_path, tmp_path, 10,
-                           smoke=True)
-    assert skipped == {"skipped": "Unsloth needs a CUDA GPU"}
+    assert summary["stronger_baseline"] == "unsloth-no-ckpt"
+    assert summary["speedup"] == pytest.approx(16_437 / 15_039)
+    assert summary["speedup_over_unsloth-no-ckpt"] == pytest.approx(16_437 / 15_039)
+    assert summary["memory_ratio_over_unsloth-no-ckpt"] == pytest.approx(34.2 / 30.7)
+    assert summary["speedup_over_unsloth"] == pytest.approx(16_437 / 11_000)
+    assert summary["memory_ratio_over_unsloth"] == pytest.approx(34.2 / 9.0)
+    assert summary["fp8_speedup_over_unsloth-no-ckpt"] == pytest.approx(19_334 / 15_039)
+    assert summary["fp8_memory_ratio_over_unsloth-no-ckpt"] == pytest.approx(27.7 / 30.7)
+    assert summary["fp8_speedup"] == pytest.approx(19_334 / 16_437)
+    del rows["llama8b-lora"]["unsloth-no-ckpt"]["peak_memory_gib"]  # no memory measured: no memory ratio
+    assert "memory_ratio_over_unsloth-no-ckpt" not in vs_hf.summarize(rows, vs_hf.CASES)["llama8b-lora"]
+    for system in vs_hf.UNSLOTH_SYSTEMS:
+        skipped = vs_hf.run_hf("llama8b-lora", vs_hf.CASES["llama8b-lora"], system, tmp_path, tmp_path, tmp_path,
+                               10, smoke=True)
+        assert skipped == {"skipped": "Unsloth needs a CUDA GPU"}
 
 
 def test_the_optimizer_step_check_times_both_bf16_updates_and_torchs(tmp_path):
