@@ -81,7 +81,7 @@ def test_the_plan_says_whether_fp8_pays_and_widens_its_band():
     plan = plan_job(spec("fp8"), ONE_H200, CAL, LLAMA_8B)
     assert plan.precision == "fp8"
     assert "fp8: step" in plan.explanation and "with bf16 products on this layout, so it pays" in plan.explanation
-    assert "fp8 products (their rate and casts counted, not yet measured)" in plan.explanation
+    assert "fp8 products (counted; measured on LoRA runs on one H100 only)" in plan.explanation
     assert plan.predicted.step_seconds < plan_job(spec(), ONE_H200, CAL, LLAMA_8B).predicted.step_seconds
 
 

@@ -30,9 +30,13 @@ def test_the_committed_calibration_is_read_once_per_file(tmp_path):
     first = calibration.load()
     assert calibration.load() is first
     assert calibration.load(str(calibration.DEFAULT_FILE)) is first  # same file, other spelling
-    # another chip: the H200's measured efficiency times the factor published runs on it fitted (scale.json)
-    factor = json.loads(calibration.SCALE_FILE.read_text())["efficiency_over_h200"]["H100"]
-    assert calibration.for_gpu("H100").matmul_efficiency == pytest.approx(first[1].matmul_efficiency * factor)
+    # another chip: the H200's measured efficiency times the factor published runs on it fitted (scale.json);
+    # on the H200's own die (an H100), that factor only where a plan spans GPUs
+    factors = json.loads(calibration.SCALE_FILE.read_text())["efficiency_over_h200"]
+    assert calibration.for_gpu("A100-80GB").matmul_efficiency == pytest.approx(first[1].matmul_efficiency
+                                                                             * factors["A100"])
+    assert calibration.for_gpu("H100").on(2).matmul_efficiency == pytest.approx(first[1].matmul_efficiency
+                                                                               * factors["H100"])
     assert calibration.for_gpu("H200").matmul_efficiency == first[1].matmul_efficiency
     copy = tmp_path / "calibration.json"
     cal, gpu = first

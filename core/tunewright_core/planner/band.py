@@ -1,16 +1,17 @@
 """How far a prediction can be trusted: a P10-P90 band of measured over predicted tokens/s, from the
 errors on runs the model was not fitted on, widened where the plan extrapolates beyond them.
 
-- One H200: the committed one-GPU runs held out of the calibration (calibration_fit).
+- One H200, or one GPU of its die (an H100): the committed one-GPU runs held out of the calibration
+  (calibration_fit; on an H100, our runs there checked it: chip_check).
 - Anything else: the published multi-GPU runs held out of the scale fit (scale_fit: other frameworks,
   model sizes, GPU counts and clusters than the fit set).
 
 The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
 run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
 than the fit's, LoRA on several GPUs (every published run is full fine-tuning), the dpo objective (every run
-measured is sft), a 4-bit QLoRA base (its dequantization fitted on one Llama-8B run, checked on no other), or bf16 weights and
-moments (their optimizer step counted, not yet measured), or FP8 products (their rate and casts likewise).
-`basis` says which.
+measured is sft), a 4-bit QLoRA base (its dequantization fitted on one Llama-8B run, checked on no other), bf16
+weights and moments on several GPUs (their sharded step never measured; on one H200 two runs checked it), or FP8
+products (measured on LoRA runs on one H100 only). `basis` says which.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from dataclasses import dataclass
 from tunewright_core.planner.hardware import Link
 
 MEASURED_ONE_GPU = "H200"
+SAME_DIE = frozenset({"H100"})  # one of these runs at the H200's efficiencies (calibration.H200_DIE)
 # the catalog GPUs whose efficiency runs measured (ours on the H200, published ones on the others); the rest
 # borrow the nearest chip's (calibration.EFFICIENCY_OF)
 MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
 UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds, never measured
-UNMEASURED_FP8 = 1.5  # fp8: its rate (at bf16's efficiency) and casts are counted, and no run measured them
-UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16: its eager optimizer step is counted, not measured
+UNMEASURED_FP8 = 1.5  # fp8: its rate (at bf16's efficiency) and casts counted; two LoRA runs, no full one, measured
+UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16 on several GPUs: the sharded step is counted, not measured
 UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is fitted on one run
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
@@ -61,11 +63,13 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
          precision: str = "bf16") -> Band:
     """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node); the GPU's
     efficiency learned over `learned_windows` profiler windows of the pool's own jobs (0: the catalog's)."""
-    one_measured_gpu = gpus == 1 and gpu == MEASURED_ONE_GPU
+    one_measured_gpu = gpus == 1 and (gpu == MEASURED_ONE_GPU or gpu in SAME_DIE)
     low, high = evidence.one_gpu if one_measured_gpu else evidence.published
     basis = (f"{evidence.one_gpu_rows} one-GPU H200 runs held out of the calibration" if one_measured_gpu else
              f"{evidence.published_rows} published multi-GPU runs held out of the fit (other frameworks, sizes, "
              "GPU counts and clusters)")
+    if one_measured_gpu and gpu != MEASURED_ONE_GPU:
+        basis += f" (the {gpu} is the H200's chip with less memory; runs of ours on one checked it)"
     widen, reasons = 1.0, []
     if learned_windows:
         basis += (f"; the {gpu}'s compute efficiency as {learned_windows} profiler window"
@@ -93,10 +97,10 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
         reasons.append("a 4-bit base (its dequantization fitted on one Llama-8B run, checked on no other)")
     if precision == "fp8":
         widen *= UNMEASURED_FP8
-        reasons.append("fp8 products (their rate and casts counted, not yet measured)")
-    if optimizer_state == "bf16":
+        reasons.append("fp8 products (counted; measured on LoRA runs on one H100 only)")
+    if optimizer_state == "bf16" and gpus > 1:
         widen *= UNMEASURED_LIGHT_STATE
-        reasons.append("bf16 weights and moments (their optimizer step counted in bytes, not yet measured)")
+        reasons.append("bf16 weights and moments on several GPUs (their sharded step counted, not measured)")
     if objective != "sft":
         widen *= UNMEASURED_OBJECTIVE
         reasons.append(f"objective {objective} (every run measured is sft)")

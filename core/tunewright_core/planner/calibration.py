@@ -65,12 +65,28 @@ def load(path: Path = DEFAULT_FILE) -> tuple[Calibration, GPU]:
     return _read(Path(path).resolve())
 
 
+# Chips that are the H200's own die: the H100 SXM is GH100 at the same clocks with less memory (bandwidth and
+# size, in its catalog entry). On one of them our runtime runs at the H200's measured efficiencies, as five runs
+# of ours on one H100 checked (tunewright_fit.chip_check: nothing fitted on them).
+H200_DIE = frozenset({"H100"})
+
+
+def published_factor(name: str) -> float:
+    """The compute efficiency published FSDP runs on this catalog GPU's chip reached over our H200's (scale_fit;
+    1 for a chip of no family it learned)."""
+    return _scale(SCALE_FILE)["efficiency_over_h200"].get(EFFICIENCY_OF.get(name, ""), 1.0)
+
+
 def for_gpu(name: str, path: Path = DEFAULT_FILE) -> GPU:
-    """A catalog GPU with its compute efficiencies: the H200's as our runs measured them; another chip's as
-    the H200's times the factor published FSDP runs on it fitted (scale_fit: their frameworks' kernels, not
-    ours; a pool's own runs replace it)."""
+    """A catalog GPU with its compute efficiencies. One GPU: the H200's as our runs measured them, on the
+    H200's die too (`H200_DIE`). Several: the factor published FSDP runs on that chip reached over our H200's
+    (scale_fit: their frameworks' kernels, not ours; no run of ours has crossed GPUs); on a chip of another
+    die the factor stands for one GPU too. A pool's own runs replace either (pools.learned_gpu)."""
     _, measured = load(path)
-    factor = _scale(SCALE_FILE)["efficiency_over_h200"].get(EFFICIENCY_OF.get(name, ""), 1.0)
+    factor = published_factor(name)
+    if name in H200_DIE:
+        return GPUS[name].calibrated(matmul_efficiency=measured.matmul_efficiency,
+                                     memory_efficiency=measured.memory_efficiency, several_gpus_factor=factor)
     return GPUS[name].calibrated(matmul_efficiency=measured.matmul_efficiency * factor,
                                  memory_efficiency=measured.memory_efficiency * factor)
 

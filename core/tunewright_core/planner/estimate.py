@@ -568,7 +568,7 @@ def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
 
 
 def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estimate:
-    gpu: GPU = pool.gpu
+    gpu: GPU = pool.gpu.on(layout.gpus)
     moment, memory = peak_memory(w, layout, cal)
     micro = layout.grad_accum
     fp8 = fp8_linear_flops(w, layout)

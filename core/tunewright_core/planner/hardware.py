@@ -24,10 +24,20 @@ class GPU:
     memory_efficiency: float = 0.6
     fp8_flops: float = 0.0  # dense FP8 tensor-core rate, datasheet; 0: none (before Ada and Hopper)
     learned_windows: int = 0  # profiler windows of a pool's own jobs its efficiencies come from (0: the catalog's)
+    # where a plan spans GPUs: the efficiency published runs on several of this chip reached over the one-GPU
+    # efficiencies above (ours measured on one; calibration.for_gpu): no run of ours has crossed GPUs
+    several_gpus_factor: float = 1.0
 
     def calibrated(self, **measured: float) -> GPU:
         changes: dict[str, Any] = measured  # float fields only; replace() types each field's keyword
         return replace(self, **changes)
+
+    def on(self, gpus: int) -> GPU:
+        """This GPU as a plan of `gpus` of them runs on it: at `several_gpus_factor` of its efficiencies past one."""
+        if gpus == 1 or self.several_gpus_factor == 1.0:
+            return self
+        return replace(self, matmul_efficiency=self.matmul_efficiency * self.several_gpus_factor,
+                       memory_efficiency=self.memory_efficiency * self.several_gpus_factor)
 
 
 @dataclass(frozen=True)
