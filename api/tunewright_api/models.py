@@ -334,6 +334,6 @@ class GpuPool(SQLModel, table=True):
     # opt-in: the links' bandwidth its jobs measured replaces the declared one in the next plans
     learn_links: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
     measured_links: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))  # intraNode / interNode
-    # with learn_links too: the GPUs' compute efficiency its jobs measured (gpu, factor over the catalog's, ...)
+    # with learn_links too: the GPUs' compute efficiency its jobs measured (spec.MeasuredEfficiency's form)
     measured_efficiency: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     created_at: datetime = Field(default_factory=now)

@@ -22,6 +22,7 @@ from tunewright_core.planner.hardware import (
     LINKS,
     Link,
     Pool,
+    efficiency_regime,
     fold_efficiency,
     fold_measurement,
     gpu_from_product_name,
@@ -194,17 +195,19 @@ def learnt_efficiency(plan: JobPlan, pool_name: str, gpu: str, measured: dict | 
     events); None where the window teaches nothing or is in already (a batch of telemetry sent again)."""
     if not learns_efficiency(plan):
         return None
-    if measured and measured.get("lastJob") == job_id and measured.get("measuredAt") == at:
-        return None
+    previous = (measured or {}).get(efficiency_regime(plan.gpus)) or {}
+    if previous.get("lastJob") == job_id and previous.get("measuredAt") == at:
+        return None  # this window is in already (a batch of telemetry sent again)
     p = plan.predicted
     assert p is not None  # learns_efficiency(plan) checked it
     factor = measured_efficiency_factor(catalog_compute, p.matmul_seconds + p.memory_bound_seconds, p.step_seconds,
                                         p.exposed_comm_seconds, measured_step_seconds, measured_exposed_comm_seconds)
     if factor is None:
         return None
-    return (fold_efficiency(measured, gpu, factor, job_id, at),
-            f"pool {pool_name}: its {gpu}s computed at {factor:.3g}x the catalog's efficiency in this window; its "
-            f"next plans use the mean of its last windows")
+    on = "one GPU" if plan.gpus == 1 else "several GPUs"
+    return (fold_efficiency(measured, gpu, factor, plan.gpus, job_id, at),
+            f"pool {pool_name}: its {gpu}s computed at {factor:.3g}x the catalog's efficiency on {on} in this "
+            f"window; its next plans on {on} use the mean of its last such windows")
 
 
 @dataclass(frozen=True)

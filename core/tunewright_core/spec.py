@@ -525,10 +525,9 @@ class MeasuredLinks(CamelModel):
     inter_node: MeasuredLink | None = Field(default=None, description="Between nodes.")
 
 
-class MeasuredEfficiency(CamelModel):
-    """What the profiler windows of a pool's jobs measured of its GPUs' compute: a running mean."""
+class LearnedFactor(CamelModel):
+    """What the profiler windows of one kind of a pool's jobs measured of its GPUs' compute: a running mean."""
 
-    gpu: Literal[tuple(GPUS)] = Field(description="The GPU type measured (a record of another type is not used).")  # type: ignore[valid-type]
     factor: Annotated[float, Field(gt=0)] = Field(
         description="The catalog's matmul and memory-bound efficiencies times this make the predicted compute "
                     "what the windows measured (catalog-efficiency compute / measured compute).")
@@ -536,6 +535,20 @@ class MeasuredEfficiency(CamelModel):
         description=f"Profiler windows in the mean (the last {LINK_WINDOWS_KEPT} at most).")
     last_job: str = Field(max_length=253, description="The job whose window was folded in last.")
     measured_at: Annotated[float, Field(ge=0)] = Field(description="When (Unix seconds).")
+
+
+class MeasuredEfficiency(CamelModel):
+    """What the profiler windows of a pool's jobs measured of its GPUs' compute, apart for jobs on one GPU and
+    jobs across several: the catalog's efficiencies differ between the two where published runs across GPUs ran
+    lower than ours on one (the H100's)."""
+
+    gpu: Literal[tuple(GPUS)] = Field(description="The GPU type measured (a record of another type is not used).")  # type: ignore[valid-type]
+    one_gpu: LearnedFactor | None = Field(default=None, description=(
+        "Windows of jobs on one GPU, over the catalog's one-GPU efficiencies; where none is, plans on one GPU "
+        "take the catalog's, or the several-GPU factor where the catalog's two are one."))
+    several_gpus: LearnedFactor | None = Field(default=None, description=(
+        "Windows of jobs across GPUs, over the catalog's several-GPU efficiencies; where none is, plans across "
+        "GPUs take the one-GPU factor."))
 
 
 class GPUPoolStatus(CamelModel):

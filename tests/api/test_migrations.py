@@ -114,3 +114,21 @@ def test_a_model_holding_column_without_a_value_is_sql_null(tmp_path):
         session.add(Job(id="ftjob-1", tenant_id=tenant.id, model="m", spec={}))
         session.commit()
         assert session.exec(select(Job.id).where(Job.plan.is_(None), Job.cluster.is_(None))).all() == ["ftjob-1"]
+
+
+def test_0011_forgets_efficiencies_learned_in_the_single_factor_form(database_url, tmp_path):
+    """Learned against the figure one H100 had before 2026-12-07; a record of the per-GPU-count form is kept."""
+    engine = make_engine(url_for(database_url, tmp_path))
+    migrate(engine, "0010")
+    old = {"gpu": "H100", "factor": 1.4, "windows": 12, "lastJob": "ftjob-a", "measuredAt": 1.0}
+    new = {"gpu": "H100", "severalGPUs": {"factor": 1.1, "windows": 3, "lastJob": "ftjob-b", "measuredAt": 2.0}}
+    with Session(engine) as session:
+        for name, measured in (("old", old), ("new", new), ("none", None)):
+            session.add(GpuPool(name=name, gpu="H100", gpus_per_node=8, max_nodes=1, intra_node="nvlink4",
+                                price_per_gpu_hour=3.0, learn_links=True, measured_efficiency=measured))
+        session.commit()
+    migrate(engine)
+    with Session(engine) as session:
+        kept = {p.name: p.measured_efficiency for p in session.exec(select(GpuPool)).all()}
+    engine.dispose()
+    assert kept == {"old": None, "new": new, "none": None}

@@ -104,6 +104,7 @@ def test_a_learned_gpu_carries_the_windows_it_was_learned_over():
     from tunewright_core.planner.hardware import learned_gpu
 
     catalog = calibration.for_gpu("L40S")
-    learnt = learned_gpu(catalog, "L40S", {"gpu": "L40S", "factor": 0.8, "windows": 4, "lastJob": "j", "measuredAt": 1})
+    record = {"factor": 0.8, "windows": 4, "lastJob": "j", "measuredAt": 1}
+    learnt = learned_gpu(catalog, "L40S", {"gpu": "L40S", "severalGPUs": record})
     assert learnt.learned_windows == 4 and learnt.matmul_efficiency == pytest.approx(0.8 * catalog.matmul_efficiency)
-    assert learned_gpu(catalog, "L40S", {"gpu": "H100", "factor": 0.8, "windows": 4}) == catalog
+    assert learned_gpu(catalog, "L40S", {"gpu": "H100", "severalGPUs": record}) == catalog

@@ -238,6 +238,9 @@ class KubernetesBackend:
             efficiency, said = learnt
             written = MeasuredEfficiency.model_validate(efficiency).model_dump(by_alias=True, mode="json",
                                                                                exclude_none=True)
+            # a merge patch keeps keys it does not name: those of a record of the earlier form are removed
+            before = (found.get("status") or {}).get("measuredEfficiency") or {}
+            written = {**dict.fromkeys(before.keys() - written.keys()), **written}
             self.cluster.patch_status("GPUPool", None, plan.pool, {"measuredEfficiency": written})
         except (KubernetesError, ValidationError, OSError, TransportError) as err:
             log.warning("pool %s did not learn from job %s's profiler window: %s", plan.pool, job.id, err)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tunewright_core.planner.band import Evidence
 from tunewright_core.planner.estimate import Calibration
-from tunewright_core.planner.hardware import GPU, GPUS
+from tunewright_core.planner.hardware import GPU, GPUS, H200_DIE
 
 DEFAULT_FILE = Path(__file__).with_name("calibration_h200.json")
 
@@ -63,12 +63,6 @@ def _scale(path: Path) -> dict:
 def load(path: Path = DEFAULT_FILE) -> tuple[Calibration, GPU]:
     """The constants and the measured GPU in `path`, read on the first call for that file only."""
     return _read(Path(path).resolve())
-
-
-# Chips that are the H200's own die: the H100 SXM is GH100 at the same clocks with less memory (bandwidth and
-# size, in its catalog entry). On one of them our runtime runs at the H200's measured efficiencies, as five runs
-# of ours on one H100 checked (tunewright_fit.chip_check: nothing fitted on them).
-H200_DIE = frozenset({"H100"})
 
 
 def published_factor(name: str) -> float:

@@ -1,8 +1,9 @@
 """GPUs, links and pools: datasheet leads, with measured values taking precedence.
 
 Rates are per GPU. `matmul_efficiency` and `memory_efficiency` are the shares of the datasheet peaks that
-training kernels reach; H200's come from runs measured here (planner/calibration_h200.json), the
-others are the same ratios until a pool's measurements replace them (`GPU.calibrated`).
+training kernels reach: H200's come from runs measured here (planner/calibration_h200.json); the others are set by
+`calibration.for_gpu` (the H200's on its own die, a published factor over them on others), until a pool's
+measurements replace them (`learned_gpu`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ class Link:
     bus_bytes_per_s: float
     latency_s: float
 
+
+# chips that are the H200's own die (the H100 SXM: GH100 at the same clocks, with less memory): one of them runs at
+# the H200's measured efficiencies (calibration.for_gpu), as our runs on one H100 checked (fitting's chip_check)
+H200_DIE = frozenset({"H100"})
 
 GPUS = {
     # host links: ~80% of PCIe Gen5 x16 (64 GB/s) on SXM Hopper, of Gen4 x16 (32 GB/s) elsewhere
@@ -184,18 +189,41 @@ EFFICIENCY_FACTOR_RANGE = (0.2, 2.0)
 LINK_RANGE_OF_DECLARED = (1 / 20, 1.5)
 
 
-def fold_efficiency(previous: dict | None, gpu: str, factor: float, job_id: str, at: float) -> dict:
-    """A pool's efficiency record with one more window (its factor held to EFFICIENCY_FACTOR_RANGE): the
-    running mean over at most LINK_WINDOWS_KEPT windows; a record of another GPU type starts again."""
-    kept = previous if previous and previous.get("gpu") == gpu else {}
+ONE_GPU, SEVERAL_GPUS = "oneGPU", "severalGPUs"  # a measured efficiency's records (MeasuredEfficiency's aliases)
+
+
+def efficiency_regime(gpus: int) -> str:
+    """Which record of a pool's measured efficiency a window of a plan on `gpus` GPUs folds into."""
+    return ONE_GPU if gpus == 1 else SEVERAL_GPUS
+
+
+def fold_efficiency(previous: dict | None, gpu: str, factor: float, gpus: int, job_id: str, at: float) -> dict:
+    """A pool's efficiency record with one more window of a plan on `gpus` GPUs (its factor held to
+    EFFICIENCY_FACTOR_RANGE), folded into the record of its kind: the running mean over at most
+    LINK_WINDOWS_KEPT windows. A record of another GPU type, or of the single-factor form (learned against the
+    one-H100 figure of before 2026-12-07), starts again."""
+    kept = previous if previous and previous.get("gpu") == gpu and "factor" not in previous else {}
     low, high = EFFICIENCY_FACTOR_RANGE
-    return _running_mean({**kept, "gpu": gpu}, "factor", min(max(factor, low), high), job_id, at)
+    regime = efficiency_regime(gpus)
+    return {**kept, "gpu": gpu,
+            regime: _running_mean(kept.get(regime) or {}, "factor", min(max(factor, low), high), job_id, at)}
 
 
 def learned_gpu(gpu: GPU, catalog_key: str, measured: dict | None) -> GPU:
-    """The catalog's GPU, or its efficiencies times the factor the pool's runs measured on that GPU type,
-    with how many windows said so. The name stays the catalog key: the catalog looks GPUs up by it."""
+    """The catalog's GPU, or its efficiencies times the factors the pool's runs measured on that GPU type, with
+    how many windows said so. Plans on one GPU take the one-GPU factor, plans across GPUs the several-GPU one
+    (through `several_gpus_factor`); where a pool measured one kind only, the other kind borrows its factor,
+    but for one GPU where the catalog's several-GPU figure is lower than its one-GPU one (a factor learned
+    across H100s says nothing of one, which our runs measured). The name stays the catalog key."""
     if not measured or measured.get("gpu") != catalog_key:
         return gpu
-    return replace(gpu, matmul_efficiency=gpu.matmul_efficiency * measured["factor"],
-                   memory_efficiency=gpu.memory_efficiency * measured["factor"], learned_windows=measured["windows"])
+    one, several = measured.get(ONE_GPU), measured.get(SEVERAL_GPUS)
+    learned_any = several or one
+    if not learned_any:
+        return gpu
+    several_factor = learned_any["factor"]
+    one_factor = one["factor"] if one else several_factor if gpu.several_gpus_factor == 1.0 else 1.0
+    return replace(gpu, matmul_efficiency=gpu.matmul_efficiency * one_factor,
+                   memory_efficiency=gpu.memory_efficiency * one_factor,
+                   several_gpus_factor=gpu.several_gpus_factor * several_factor / one_factor,
+                   learned_windows=sum(r["windows"] for r in (one, several) if r))
