@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "core"))
 sys.path.insert(0, str(ROOT / "fitting"))
 
-from gpu_runs import MODELS, SMOKE_MODELS, build_model, runtime_env  # noqa: E402
+from gpu_runs import MODELS, SMOKE_MODELS, build_model, planner_gpu, runtime_env  # noqa: E402
 
 from tunewright_core.planner import calibration  # noqa: E402
 from tunewright_core.planner.estimate import Layout, Workload, estimate  # noqa: E402
@@ -91,7 +91,7 @@ def run(name: str, model: Path, data: dict, out: Path, steps: int, seq_len: int,
 
 def predicted(profile, name: str, seq_len: int) -> dict:
     method, objective, micro = RUNS[name]
-    cal, gpu = calibration.load()
+    cal, gpu = calibration.load()[0], planner_gpu()
     e = estimate(Workload(profile, method, seq_len, micro, steps=1, objective=objective, recompute="auto"),
                  Layout("single", 1, 1, micro, 1, False), measured_pool(gpu, 1), cal)
     return {"predicted_step_seconds": e.step_seconds, "predicted_peak_memory_gib": e.peak_memory_bytes / 2**30}

@@ -27,6 +27,7 @@ from gpu_runs import (  # noqa: E402
     device_name,
     measured_steps,
     one_gpu_strategy,
+    planner_gpu,
     run_on_ray,
     write_dataset,
 )
@@ -64,7 +65,7 @@ CASES = {
 
 
 def predicted(case: Case, profile, precision: str) -> dict:
-    cal, gpu = calibration.load()
+    cal, gpu = calibration.load()[0], planner_gpu()
     w = Workload(profile, case.method, case.seq_len, case.micro_batch, steps=1, precision=precision,
                  recompute=case.recompute)
     e = estimate(w, Layout("single", 1, 1, case.micro_batch, 1, case.activation_checkpointing),

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "fitting"))
 
 from tunewright_core.planner import calibration  # noqa: E402
 from tunewright_core.planner.estimate import estimate  # noqa: E402
-from tunewright_core.planner.hardware import GIB, GPUS  # noqa: E402
+from tunewright_core.planner.hardware import GIB, GPU, GPUS, gpu_from_product_name  # noqa: E402
 from tunewright_core.planner.models import ModelProfile, hf_config  # noqa: E402
 from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool, run_setup  # noqa: E402
 
@@ -211,6 +211,15 @@ def device_name(smoke: bool) -> str:
     import torch
 
     return torch.cuda.get_device_name(0)
+
+
+def planner_gpu() -> GPU:
+    """The card a check runs on as the planner models one of it, so that its predictions are for that card (the
+    H200's calibration on the CPU, and on a card the catalog does not know)."""
+    import torch
+
+    name = gpu_from_product_name(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+    return calibration.for_gpu(name) if name else calibration.load()[1]
 
 
 def measured_steps(measured: list[dict]) -> dict:

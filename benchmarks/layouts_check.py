@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "jobs"))
 sys.path.insert(0, str(ROOT / "core"))
 sys.path.insert(0, str(ROOT / "fitting"))
 
-from gpu_runs import MODELS, build_model, write_dataset  # noqa: E402
+from gpu_runs import MODELS, build_model, planner_gpu, write_dataset  # noqa: E402
 
 from tunewright_core.planner import calibration  # noqa: E402
 from tunewright_core.planner.estimate import Layout, Workload, estimate  # noqa: E402
@@ -64,7 +64,7 @@ def run(case: str, layout: str, model_path: Path, data: Path, out: Path, steps: 
     row.update(step_seconds_median=statistics.median(r["step_seconds"] for r in steady),
                peak_memory_gib=max(r["peak_memory_gib"] for r in steady),
                tokens_per_second=statistics.median(r["tokens_per_second"] for r in steady))
-    cal, gpu = calibration.load()
+    cal, gpu = calibration.load()[0], planner_gpu()
     profile = MODELS[model][0]
     e = estimate(Workload(profile, method, seq_len, micro, steps=1, recompute="auto"),
                  Layout("single", 1, 1, micro, 1, checkpointing, checkpoint_every=every), measured_pool(gpu, 1), cal)

@@ -31,6 +31,7 @@ from gpu_runs import (  # noqa: E402
     device_name,
     measured_steps,
     one_gpu_strategy,
+    planner_gpu,
     run_on_ray,
     write_dataset,
 )
@@ -62,7 +63,7 @@ CASES = {
 
 
 def predicted(case: Case, profile) -> dict:
-    cal, gpu = calibration.load()
+    cal, gpu = calibration.load()[0], planner_gpu()
     w = Workload(profile, "full", case.seq_len, case.micro_batch, steps=1, optimizer_state=case.optimizer_state)
     layout = Layout("single", 1, 1, case.micro_batch, 1, case.activation_checkpointing, cpu_offload=case.cpu_offload)
     e = estimate(w, layout, measured_pool(gpu, 1), cal)

@@ -30,6 +30,7 @@ from gpu_runs import (  # noqa: E402
     device_name,
     measured_steps,
     one_gpu_strategy,
+    planner_gpu,
     run_on_ray,
     write_dataset,
 )
@@ -142,7 +143,7 @@ def build_four_bit(profile: ModelProfile, out: Path, device: str) -> int:
 
 def predicted(case: Case, profile: ModelProfile) -> dict:
     """The planner's step time and peak for this very layout, and the layout it would choose itself."""
-    cal, gpu = calibration.load()
+    cal, gpu = calibration.load()[0], planner_gpu()
     method = "qlora" if case.quantization == "nf4" else "lora"
     w = Workload(profile, method, case.seq_len, case.micro_batch, steps=1, recompute="auto")
     layout = Layout("single", 1, 1, case.micro_batch, 1, case.activation_checkpointing, cpu_offload=case.cpu_offload)

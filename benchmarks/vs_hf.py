@@ -38,6 +38,7 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from gpu_runs import MODELS, PEAK_FLOPS, SMOKE_MODELS, build_model, launch_runtime, runtime_env  # noqa: E402
+from hf_baseline import UNSLOTH_SYSTEMS  # noqa: E402
 
 WARMUP_STEPS = 6  # compilation, allocator growth, cuBLAS autotuning
 STEPS = 18
@@ -71,8 +72,7 @@ TW_SYSTEMS = {  # job config sections over the runtime's defaults
     "tw-recompute": {"kernels": {"recompute": "on"}},  # + fewer activations kept (kernels.recompute)
     "tw-fp8": {"strategy": {"precision": "fp8"}},  # the blocks' products in FP8 (opt-in; a GPU of Hopper's kind)
 }
-HF_SYSTEMS = ("hf", "hf+liger", "unsloth", "unsloth-no-ckpt")  # hf_baseline.py runs each
-UNSLOTH_SYSTEMS = ("unsloth", "unsloth-no-ckpt")
+HF_SYSTEMS = ("hf", "hf+liger", *UNSLOTH_SYSTEMS)  # hf_baseline.py runs each
 SYSTEMS = (*TW_SYSTEMS, *HF_SYSTEMS)
 DEFAULT_SYSTEMS = ("tunewright", "tw-plain", "hf", "hf+liger")
 
@@ -214,8 +214,8 @@ def over(ours: dict, theirs: dict, speedup: str, memory_ratio: str) -> dict[str,
 
 
 def summarize(rows: dict[str, dict[str, dict]], cases: dict[str, Case]) -> dict[str, dict]:
-    """Per case: tunewright against the strongest baseline (HF, HF + Liger or Unsloth) and against Unsloth alone,
-    packed against fixed rows, the levers."""
+    """Per case: tunewright against the strongest baseline (HF, HF + Liger or Unsloth) and against each Unsloth
+    configuration (bf16 and FP8 apart), packed against fixed rows, the levers."""
     out = {}
     for name, by_system in rows.items():
         ok = {s: r for s, r in by_system.items() if "tokens_per_second" in r}

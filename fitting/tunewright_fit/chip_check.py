@@ -7,7 +7,7 @@ our H200 (0.70) for one GPU too. Each row prints both. Reads `fp8_check.py` resu
 precision) and `vs_hf.py` ones (tunewright's rows: `tunewright` in bf16, `tw-fp8`; run without Ray, which the
 product path measured within 1% of).
 
-  PYTHONPATH=core:fitting python -m tunewright_fit.chip_check benchmarks/results/*_h100_*.json
+  PYTHONPATH=core:fitting python -m tunewright_fit.chip_check benchmarks/results/{fp8_check,vs_}*_h100_*.json
 """
 
 from __future__ import annotations
@@ -44,28 +44,44 @@ def _run(name: str, source: str, chip: str, case: dict, precision: str, recomput
     return Run(name, source, chip, workload, layout, row["tokens_per_second"], row["peak_memory_gib"])
 
 
-def load_runs(paths: list[Path]) -> list[Run]:
-    """The finished one-GPU runs of our runtime in these result files, on whichever chip each file names."""
-    runs = []
-    for path in paths:
-        data = json.loads(Path(path).read_text())
-        if isinstance(data["runs"], list):  # fp8_check.py
-            chip = gpu_from_product_name(data["gpu"])
-            for row in data["runs"]:
-                if row.get("tokens_per_second") and chip:
-                    case = row["case"]
-                    runs.append(_run(f"{case['name']}-{row['precision']}", Path(path).name, chip, case,
-                                     row["precision"], case.get("recompute", "off"), row))
-            continue
-        chip = gpu_from_product_name(data["environment"]["gpu"])  # vs_hf.py
-        for case_name, by_system in data["runs"].items():
-            for system, precision in VS_HF_SYSTEMS.items():
-                row = by_system.get(system, {})
-                if row.get("tokens_per_second") and chip and row["case"]["gpus"] == 1:
-                    recompute = "on" if "recompute: on" in row.get("kernels", "") else "off"
-                    runs.append(_run(f"{case_name}-{system} (no Ray)", Path(path).name, chip, row["case"], precision,
-                                     recompute, row))
-    return runs
+def _skipped(row: dict, case: dict) -> str | None:
+    """Why a finished-or-not row is no check of the planner's one-GPU prediction, if it is none."""
+    if not row.get("tokens_per_second"):
+        return f"did not finish ({(row.get('error') or row.get('skipped') or 'no tokens/s')[:80]!r})"
+    if case.get("compile") == "off":
+        return "blocks eager (the planner models the runtime's default: compiled)"
+    if case.get("data", "fixed") != "fixed" or case.get("gpus", 1) != 1:
+        return "variable-length data or several GPUs (the check is of fixed rows on one GPU)"
+    return None
+
+
+def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
+    """Our runtime's runs in `fp8_check.py` and `vs_hf.py` result files, on whichever chip each file names, and
+    a line for each row left out (why). A file of another script, or of a card the catalog lacks, is refused."""
+    runs, skipped = [], []
+    for path in map(Path, paths):
+        data = json.loads(path.read_text())
+        if path.name.startswith("fp8_check"):
+            card, rows = data["gpu"], [(f"{r['case']['name']}-{r['precision']}", r["case"], r["precision"], r)
+                                       for r in data["runs"]]
+        elif path.name.startswith("vs_"):
+            card, rows = data["environment"]["gpu"], [
+                (f"{case}-{system} (no Ray)", by_system[system].get("case", {}), precision, by_system[system])
+                for case, by_system in data["runs"].items() for system, precision in VS_HF_SYSTEMS.items()
+                if system in by_system]
+        else:
+            raise ValueError(f"{path.name}: chip_check reads fp8_check.py and vs_hf.py results only")
+        chip = gpu_from_product_name(card)
+        if chip is None:
+            raise ValueError(f"{path.name}: a run on {card}, a card the planner's catalog does not know")
+        for name, case, precision, row in rows:
+            why = _skipped(row, case)
+            if why:
+                skipped.append(f"{path.name}: {name}: {why}")
+                continue
+            recompute = case.get("recompute") or ("on" if "recompute: on" in row.get("kernels", "") else "off")
+            runs.append(_run(name, path.name, chip, case, precision, recompute, row))
+    return runs, skipped
 
 
 def published_factor_gpu(chip: str) -> GPU:
@@ -92,7 +108,7 @@ def compare(runs: list[Run]) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict]) -> str:
+def report(rows: list[dict], skipped: list[str]) -> str:
     lines = ["| run | chip | measured tok/s | predicted | error | with the published factor | peak GiB measured "
              "| predicted | error |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -104,13 +120,15 @@ def report(rows: list[dict]) -> str:
         lines.append(f"- {precision}: {len(errors)} runs, median abs tokens/s error {statistics.median(errors):.1%}, "
                      f"max {max(errors):.1%}")
     lines.append(f"- peak memory: max abs error {max(abs(r['memory_error']) for r in rows):.1%}")
+    lines += [f"- left out: {line}" for line in skipped]
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path, help="fp8_check.py or vs_hf.py result files")
-    print(report(compare(load_runs(parser.parse_args().results))))
+    runs, skipped = load_runs(parser.parse_args().results)
+    print(report(compare(runs), skipped))
     return 0
 
 

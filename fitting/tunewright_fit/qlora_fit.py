@@ -20,9 +20,9 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tunewright_core.planner.calibration import DEFAULT_FILE, load, update
+from tunewright_core.planner.calibration import DEFAULT_FILE, for_gpu, load, update
 from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
-from tunewright_core.planner.hardware import GIB, GPU
+from tunewright_core.planner.hardware import GIB, GPU, gpu_from_product_name
 from tunewright_core.planner.models import CATALOG
 from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool, weighted_solve
 
@@ -39,6 +39,7 @@ class Run:
     compiled: bool
     step_seconds: float
     peak_memory_bytes: float
+    chip: str  # the catalog key of the card it ran on
 
     @property
     def in_fit_set(self) -> bool:
@@ -49,14 +50,19 @@ def load_runs(paths: list[Path]) -> list[Run]:
     """The 4-bit runs that finished, from qlora_check JSON files (bf16 and offload rows are calibration_fit's)."""
     runs = []
     for path in paths:
-        for row in json.loads(Path(path).read_text())["runs"]:
+        data = json.loads(Path(path).read_text())
+        # a smoke run (the CPU) stands for the H200 the calibration is of
+        chip = "H200" if data["gpu"] == "cpu (smoke)" else gpu_from_product_name(data["gpu"])
+        if chip is None:
+            raise ValueError(f"{path}: a run on {data['gpu']}, a card the planner's catalog does not know")
+        for row in data["runs"]:
             case = row["case"]
             if case["quantization"] != "nf4" or "step_seconds_median" not in row:
                 continue
             workload = Workload(MODELS[case["model"]], "qlora", case["seq_len"], case["micro_batch"], steps=1)
             layout = Layout("single", 1, 1, case["micro_batch"], 1, case["activation_checkpointing"])
             runs.append(Run(case["name"], Path(path).name, workload, layout, COMPILED in row.get("kernels", ""),
-                            row["step_seconds_median"], row["peak_memory_gib"] * GIB))
+                            row["step_seconds_median"], row["peak_memory_gib"] * GIB, chip))
     return runs
 
 
@@ -73,15 +79,20 @@ def fit(runs: list[Run], calibration: Calibration, gpu: GPU) -> float:
     return float(weighted_solve(rows, targets, [1 / r.step_seconds for r in fit_set])[0])
 
 
+def _card(run: Run, gpu: GPU) -> GPU:
+    """`gpu` (the calibration's) for a run on its chip; another chip's run on that chip as the planner models it."""
+    return gpu if run.chip == gpu.name else for_gpu(run.chip)
+
+
 def _step(run: Run, calibration: Calibration, gpu: GPU) -> float:
-    return estimate(run.workload, run.layout, measured_pool(gpu, 1), calibration).step_seconds
+    return estimate(run.workload, run.layout, measured_pool(_card(run, gpu), 1), calibration).step_seconds
 
 
 def compare(runs: list[Run], calibration: Calibration, gpu: GPU) -> list[dict]:
     rows = []
     for r in runs:
-        e = estimate(r.workload, r.layout, measured_pool(gpu, 1), calibration)
-        rows.append({"run": r.name, "source": r.source, "fit_set": r.in_fit_set, "compiled": r.compiled,
+        e = estimate(r.workload, r.layout, measured_pool(_card(r, gpu), 1), calibration)
+        rows.append({"run": r.name, "source": r.source, "chip": r.chip, "fit_set": r.in_fit_set, "compiled": r.compiled,
                      "step_seconds": r.step_seconds, "predicted_step_seconds": e.step_seconds,
                      "step_error": e.step_seconds / r.step_seconds - 1,
                      "peak_memory_gib": r.peak_memory_bytes / GIB, "predicted_peak_memory_gib": e.peak_memory_bytes / GIB,
