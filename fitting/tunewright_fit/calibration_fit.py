@@ -251,6 +251,10 @@ def markdown(rows: list[dict], stats: dict) -> str:
     return "\n".join(lines)
 
 
+# the constants other fitters fit on runs of their own, by the result files they read
+FITTED_ELSEWHERE = {"qlora_check": "nf4_dequant_bytes_per_param", "fp8_check": "fp8_activation_cast_bytes"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["fit", "report"])
@@ -262,11 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "fit":
         calibration, gpu = fit(measurements, GPUS["H200"])
         sources = sorted(p.name for p in args.measurements)
-        if args.out.exists():  # QLoRA's constant is qlora_fit's, fitted on runs of its own: kept
+        if args.out.exists():  # the constants fitted on runs of their own (qlora_fit's, fp8_fit's): kept
             kept = json.loads(args.out.read_text())
-            calibration = replace(calibration, nf4_dequant_bytes_per_param=kept["calibration"].get(
-                "nf4_dequant_bytes_per_param", calibration.nf4_dequant_bytes_per_param))
-            sources += [s for s in kept["measurements"] if s.startswith("qlora_check")]
+            calibration = replace(calibration, **{field: kept["calibration"].get(field, getattr(calibration, field))
+                                                  for field in FITTED_ELSEWHERE.values()})
+            sources += [s for s in kept["measurements"] if s.startswith(tuple(FITTED_ELSEWHERE))]
         save(args.out, calibration, gpu, sources)
     else:
         calibration, gpu = load(args.calibration)

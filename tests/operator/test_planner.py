@@ -43,7 +43,7 @@ from tunewright_core.planner.search import (
     evaluate,
     plan,
 )
-from tunewright_fit import calibration_fit, chip_check, qlora_fit
+from tunewright_fit import calibration_fit, chip_check, fp8_fit, qlora_fit
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 MEASURED = sorted(RESULTS.glob("gpu_*_h200.json"))
@@ -578,16 +578,29 @@ def test_committed_qlora_constant_is_the_fit_of_the_committed_qlora_runs_and_pre
 def test_one_h100_runs_at_the_h200s_efficiencies_as_our_runs_there_measured():
     """Our runtime on one H100 (2026-12-05: Llama-8B LoRA and 3B full through Ray Train, Llama-1B LoRA without;
     bf16 and FP8), predicted with the H200's efficiencies at the H100's datasheet bandwidth, fitted on none of
-    them: within the one-GPU targets. With the factor published runs on H100s reached (what one H100 ran at
-    before), every run was 25-33% faster than predicted, its cost that much dearer."""
+    them (but fp8_fit's cast bytes, fitted on the 8B FP8 run): within the one-GPU targets. With the factor published
+    runs on H100s reached (what one H100 ran at before), every run was 24-30% faster than predicted, its cost that
+    much dearer."""
     runs, skipped = chip_check.load_runs(H100_MEASURED)
     rows = chip_check.compare(runs)
     assert {r["chip"] for r in rows} == {"H100"} and len(rows) >= 5 and not skipped
     bf16, fp8 = ([r for r in rows if r["precision"] == p] for p in ("bf16", "fp8"))
     assert len(bf16) >= 3 and all(abs(r["error"]) <= 0.06 for r in bf16)
-    assert fp8 and all(-0.12 <= r["error"] <= 0.0 for r in fp8)  # FP8 counted pessimistically there: 8-9% slower
+    assert fp8 and all(abs(r["error"]) <= 0.05 for r in fp8)  # the 8B run is fp8_fit's, the 1B one held out
     assert all(abs(r["memory_error"]) <= MEMORY_UNDER_PREDICTION_BOUND for r in rows)
-    assert all(r["error_before"] < -0.25 for r in rows)
+    assert all(r["error_before"] < -0.2 for r in rows)
+
+
+def test_the_committed_fp8_cast_bytes_are_the_fit_of_the_fp8_runs_and_hold_on_the_one_left_out():
+    """fp8_fit: the activations' cast bytes fitted on the fp8_check runs (Llama-8B LoRA on one H100, through Ray),
+    the vs_hf one (Llama-1B LoRA, without Ray) held out: within 5% where the count (5 bytes) was 7.5% slow."""
+    runs = fp8_fit.fp8_runs(H100_MEASURED)
+    assert fp8_fit.fit(runs, CAL) == pytest.approx(CAL.fp8_activation_cast_bytes, rel=1e-6)
+    assert 1.0 < CAL.fp8_activation_cast_bytes < 5.0  # compiled blocks fuse some of the count's traffic
+    held_out = [r for r in fp8_fit.compare(runs, CAL) if not r["fit_set"]]
+    assert held_out and all(abs(r["error"]) <= 0.05 for r in held_out)
+    counted = fp8_fit.compare(runs, replace(CAL, fp8_activation_cast_bytes=5.0))
+    assert all(r["error"] < -0.07 for r in counted)
 
 
 def test_several_h100s_keep_the_factor_published_runs_on_them_reached():

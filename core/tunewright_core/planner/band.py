@@ -11,7 +11,8 @@ run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENO
 than the fit's, LoRA on several GPUs (every published run is full fine-tuning), the dpo objective (every run
 measured is sft), a 4-bit QLoRA base (its dequantization fitted on one Llama-8B run, checked on no other), bf16
 weights and moments on several GPUs (their sharded step never measured; on one H200 two runs checked it), or FP8
-products (measured on LoRA runs on one H100 only). `basis` says which.
+products (their casts fitted on one LoRA run on one H100, checked on one other; no full fine-tune measured).
+`basis` says which.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ MEASURED_ONE_GPU = "H200"
 MEASURED_CHIPS = frozenset({"H200", "H100", "A100-80GB", "A100-40GB"})
 UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SEVERAL = 2.0, 0.5, 1.5, 2.0, 1.25
 UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds, never measured
-UNMEASURED_FP8 = 1.5  # fp8: its rate (at bf16's efficiency) and casts counted; two LoRA runs, no full one, measured
+UNMEASURED_FP8 = 1.5  # fp8: its casts fitted on one LoRA run, checked on one other; no full fine-tune measured
 UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16 on several GPUs: the sharded step is counted, not measured
 UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is fitted on one run
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
@@ -96,7 +97,8 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
         reasons.append("a 4-bit base (its dequantization fitted on one Llama-8B run, checked on no other)")
     if precision == "fp8":
         widen *= UNMEASURED_FP8
-        reasons.append("fp8 products (counted; measured on LoRA runs on one H100 only)")
+        reasons.append("fp8 products (their casts fitted on one Llama-8B LoRA run on one H100; no full fine-tune "
+                       "measured)")
     if optimizer_state == "bf16" and gpus > 1:
         widen *= UNMEASURED_LIGHT_STATE
         reasons.append("bf16 weights and moments on several GPUs (their sharded step counted, not measured)")

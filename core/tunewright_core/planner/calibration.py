@@ -20,8 +20,16 @@ from tunewright_core.planner.hardware import GPU, GPUS, H200_DIE
 DEFAULT_FILE = Path(__file__).with_name("calibration_h200.json")
 
 
+# what a calibration file holds of its GPU: the datasheet figures and the efficiencies measured on it (not what a
+# pool learns or a plan across GPUs takes, nor the multi-GPU terms scale.json holds)
+NOT_SAVED = ("learned_windows", "several_gpus_factor", "fp8_flops")
+NOT_SAVED_CALIBRATION = ("sync_jitter", "comm_interference")
+
+
 def save(path: Path, calibration: Calibration, gpu: GPU, sources: list[str]) -> None:
-    path.write_text(json.dumps({"gpu": asdict(gpu), "calibration": asdict(calibration), "measurements": sources},
+    saved_gpu = {k: v for k, v in asdict(gpu).items() if k not in NOT_SAVED}
+    saved = {k: v for k, v in asdict(calibration).items() if k not in NOT_SAVED_CALIBRATION}
+    path.write_text(json.dumps({"gpu": saved_gpu, "calibration": saved, "measurements": sorted(sources)},
                                indent=2, sort_keys=True) + "\n")
     _read.cache_clear()
 

@@ -29,11 +29,12 @@ predicts 49.5 (the kernel nears copy bandwidth, above the fitted memory efficien
 
 FP8 (`precision` fp8, jobs' fp8.py) runs the blocks' linear products at the GPU's FP8 rate (at the bf16 matmul
 efficiency) and adds their casts: every product's input in forward (and recompute, and dpo's
-reference forward) and its output's gradient in backward, `FP8_CAST_BYTES` an element; the weights cast in each
+reference forward) and its output's gradient in backward (`fp8_activation_cast_bytes` an element); the weights cast in each
 forward and again in backward unless a frozen base keeps its FP8 cast (LoRA on one-GPU shards: then the cast is all
 it keeps of its blocks, a byte a weight where bf16 took two), and laid out again for backward either way.
-Attention, the head and the adapters' products stay in the compute dtype. Counted; on one H100 Llama-8B and 1B LoRA
-ran 8-10% faster than so counted (fitting/tunewright_fit/chip_check.py), no full fine-tune measured yet.
+Attention, the head and the adapters' products stay in the compute dtype. The activations' cast bytes are fitted
+(`Calibration.fp8_activation_cast_bytes`, fp8_fit: one Llama-8B LoRA run on one H100; 5 by count, which compiled
+blocks partly fuse into the work before); the rest is counted. No full fine-tune is measured yet.
 """
 
 from __future__ import annotations
@@ -173,6 +174,10 @@ class Calibration:
     # QLoRA: HBM traffic per block weight per matrix product that dequantizes it: reads the 4-bit codes and
     # block constants, writes bf16 (2.5 bytes by count; the committed file's is qlora_fit's, measured)
     nf4_dequant_bytes_per_param: float = 2.5
+    # FP8: HBM traffic per activation element a product casts (its input in forward, its output's gradient in
+    # backward): 5 bytes by count (read for the largest magnitude, read again, write one byte); compiled blocks
+    # fuse much of it into the work before (the committed file's is fp8_fit's, measured)
+    fp8_activation_cast_bytes: float = FP8_CAST_BYTES
 
 
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
@@ -424,7 +429,7 @@ def memory_bound_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     traffic = (layers + lora) * recompute_factor(layout, m.layers) + tokens * m.vocab * cal.traffic_bytes_per_vocab
     if w.objective == "dpo":
         traffic += reference_traffic_bytes(w, layout, cal)[0]
-    return traffic + dequantization_bytes(w, layout, cal) + fp8_cast_bytes(w, layout)
+    return traffic + dequantization_bytes(w, layout, cal) + fp8_cast_bytes(w, layout, cal)
 
 
 def keeps_fp8_copies(w: Workload, layout: Layout) -> bool:
@@ -443,7 +448,7 @@ def fp8_linear_flops(w: Workload, layout: Layout) -> float:
     return micro_tokens(w, layout) * 2 * w.model.layers * w.model.layer_linear_params * passes
 
 
-def fp8_cast_bytes(w: Workload, layout: Layout) -> float:
+def fp8_cast_bytes(w: Workload, layout: Layout, cal: Calibration) -> float:
     """FP8's casts of a micro-batch (see the module's docstring)."""
     if w.precision != "fp8":
         return 0.0
@@ -451,11 +456,11 @@ def fp8_cast_bytes(w: Workload, layout: Layout) -> float:
     inputs = sum(i for i, _ in m.linear_shapes)
     outputs = sum(o for _, o in m.linear_shapes)
     forwards = 1 + layout.checkpointed_share(m.layers) + (1 if w.objective == "dpo" else 0)
-    activations = tokens * m.layers * (inputs * forwards + outputs) * FP8_CAST_BYTES
+    activations = tokens * m.layers * (inputs * forwards + outputs) * cal.fp8_activation_cast_bytes
     if w.method == "full":  # the weight's gradient lays out the saved input and the output's gradient again
         activations += tokens * m.layers * (inputs + outputs) * 2
     # backward lays each weight's cast out column by column (read 1, write 1); an uncached one is cast in each
-    # forward and again in backward
+    # forward and again in backward (by count: no run has measured it)
     casts = 0 if keeps_fp8_copies(w, layout) else FP8_CAST_BYTES * (forwards + 1)
     return activations + m.layers * m.layer_linear_params * (casts + 2)
 

@@ -1,0 +1,93 @@
+"""FP8's one fitted constant, `Calibration.fp8_activation_cast_bytes`, fitted on `benchmarks/fp8_check.py` runs.
+
+Every other term of an FP8 step is counted or bf16's (the FP8 products at the datasheet's FP8 rate times the bf16
+matmul efficiency; the weights' casts and their layout for backward by count). The activations' casts are where
+compiling the blocks changes the bytes most (the largest magnitude and the cast fuse into the work before): the
+step is linear in the constant, so the fit is a one-column weighted least squares (weights 1/measured: relative
+error), as qlora_fit's. The constant is in bytes, a count of traffic and not of a card: each run is predicted on
+the card it ran on (`calibration.for_gpu`).
+
+Fit set: the FP8 rows of fp8_check files (through Ray Train, as the product runs). Held out and reported: the FP8
+rows of vs_hf files (tw-fp8, without Ray).
+
+  PYTHONPATH=core:fitting python -m tunewright_fit.fp8_fit fit benchmarks/results/{fp8_check,vs_}*_h100_*.json
+  PYTHONPATH=core:fitting python -m tunewright_fit.fp8_fit report benchmarks/results/{fp8_check,vs_}*_h100_*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from tunewright_core.planner.calibration import DEFAULT_FILE, for_gpu, load, update
+from tunewright_core.planner.estimate import Calibration, estimate
+from tunewright_fit.calibration_fit import measured_pool, weighted_solve
+from tunewright_fit.chip_check import Run, load_runs
+
+
+def in_fit_set(run: Run) -> bool:
+    return run.source.startswith("fp8_check")
+
+
+def fp8_runs(paths: list[Path]) -> list[Run]:
+    return [r for r in load_runs(paths)[0] if r.workload.precision == "fp8"]
+
+
+def _step(run: Run, calibration: Calibration) -> float:
+    return estimate(run.workload, run.layout, measured_pool(for_gpu(run.chip), 1), calibration).step_seconds
+
+
+def fit(runs: list[Run], calibration: Calibration) -> float:
+    """The bytes per activation element per cast that best predict the fit set's steps."""
+    fit_set = [r for r in runs if in_fit_set(r)]
+    if not fit_set:
+        raise ValueError("fp8 fit: no fp8_check FP8 run among the measurements")
+    rows, targets, weights = [], [], []
+    for r in fit_set:  # the step is linear in the constant: base + constant x per_byte
+        base = _step(r, replace(calibration, fp8_activation_cast_bytes=0.0))
+        rows.append([_step(r, replace(calibration, fp8_activation_cast_bytes=1.0)) - base])
+        step = r.workload.tokens_per_step / r.tokens_per_second
+        targets.append(step - base)
+        weights.append(1 / step)
+    return float(weighted_solve(rows, targets, weights)[0])
+
+
+def compare(runs: list[Run], calibration: Calibration) -> list[dict]:
+    rows = []
+    for r in runs:
+        predicted = r.workload.tokens_per_step / _step(r, calibration)
+        rows.append({"run": r.name, "source": r.source, "chip": r.chip, "fit_set": in_fit_set(r),
+                     "measured": r.tokens_per_second, "predicted": predicted,
+                     "error": predicted / r.tokens_per_second - 1})
+    return rows
+
+
+def markdown(rows: list[dict], constant: float) -> str:
+    lines = [f"fp8_activation_cast_bytes = {constant:.3f}", "",
+             "| run | source | card | set | measured tok/s | predicted | error |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['source']} | {r['chip']} | {'fit' if r['fit_set'] else 'held out'} | "
+              f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["fit", "report"])
+    parser.add_argument("measurements", nargs="+", type=Path)
+    parser.add_argument("--calibration", type=Path, default=DEFAULT_FILE,
+                        help="the file whose constant is fitted (fit) or checked (report)")
+    args = parser.parse_args(argv)
+    runs = fp8_runs(args.measurements)
+    calibration, _ = load(args.calibration)
+    if args.command == "fit":
+        calibration = replace(calibration, fp8_activation_cast_bytes=fit(runs, calibration))
+        update(args.calibration, {"fp8_activation_cast_bytes": calibration.fp8_activation_cast_bytes},
+               sorted({r.source for r in runs if in_fit_set(r)}), replacing="fp8_check")
+    print(markdown(compare(runs, calibration), calibration.fp8_activation_cast_bytes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
