@@ -92,7 +92,9 @@ def run(name: str, model: Path, data: dict, out: Path, steps: int, seq_len: int,
 def predicted(profile, name: str, seq_len: int) -> dict:
     method, objective, micro = RUNS[name]
     cal, gpu = calibration.load()[0], planner_gpu()
-    e = estimate(Workload(profile, method, seq_len, micro, steps=1, objective=objective, recompute="auto"),
+    e = estimate(Workload(profile, method, seq_len, micro, steps=1, objective=objective, recompute="auto",
+                          # sft keeps the spec's default dropout (0.05); dpo turns it off
+                          lora_dropout=method == "lora" and objective == "sft"),
                  Layout("single", 1, 1, micro, 1, False), measured_pool(gpu, 1), cal)
     return {"predicted_step_seconds": e.step_seconds, "predicted_peak_memory_gib": e.peak_memory_bytes / 2**30}
 

@@ -31,6 +31,7 @@ from tunewright_core.planner.formulas import (
     zero_model_state_bytes,
 )
 from tunewright_core.planner.hardware import GIB, GPUS, LINKS, Pool
+from tunewright_core.planner.jobs import workload
 from tunewright_core.planner.models import CATALOG, from_hf_config, lookup
 from tunewright_core.planner.search import (
     MEMORY_MARGIN,
@@ -43,6 +44,7 @@ from tunewright_core.planner.search import (
     evaluate,
     plan,
 )
+from tunewright_core.spec import FineTuneJobSpec
 from tunewright_fit import calibration_fit, chip_check, fp8_fit, qlora_fit
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
@@ -633,6 +635,32 @@ def test_recompute_as_the_runtime_resolves_it_predicts_the_measured_lora_peaks()
     for method, objective, precision in (("full", "sft", "bf16"), ("qlora", "sft", "bf16"), ("lora", "dpo", "bf16"),
                                          ("lora", "sft", "fp8")):
         assert not replace(w, method=method, objective=objective, precision=precision, recompute="auto").recomputes
+
+
+def test_lora_dropout_and_dpos_logits_as_one_h200_run_of_each_measured_them():
+    """dpo_check_h200_2026-12-04.json, Llama-1B at seq 1024 with the spec's defaults, blocks compiled (no recompute
+    then). sft LoRA kept its adapters' dropped inputs (dropout 0.05): 17.9 GiB where the planner, fitted on runs
+    without dropout, counted 13.1 (-26%). DPO runs without dropout but takes the policy's whole logits, not the
+    fused chunk: 16.2 GiB (LoRA) and 32.3 (full) against 13.1 and 29.8 (-19%, -7.6%). LORA_DROPOUT_BYTES is fitted
+    on the sft LoRA run and DPO_LOGITS_BYTES on the DPO LoRA run; the full DPO run is held out."""
+    rows = {r["run"]: r for r in json.loads((RESULTS / "dpo_check_h200_2026-12-04.json").read_text())["rows"]}
+    p, llama = calibration_fit.measured_pool(H200, 1), calibration_fit.MEASURED_MODELS["llama-1b"]
+    for run, method, objective, micro, dropout, bounds in (
+            ("sft-lora", "lora", "sft", 8, True, (-0.01, 0.01)), ("dpo-lora", "lora", "dpo", 4, False, (-0.01, 0.01)),
+            ("dpo-full", "full", "dpo", 4, False, (0.0, 0.03)), ("sft-full", "full", "sft", 8, False, (-0.01, 0.01))):
+        w = Workload(llama, method, 1024, micro, 1, objective=objective, lora_dropout=dropout)
+        predicted = estimate(w, Layout("single", 1, 1, micro, 1, False), p, CAL).peak_memory_bytes / GIB
+        assert bounds[0] <= predicted / rows[run]["peak_memory_gib"] - 1 <= bounds[1], (run, predicted)
+    # a job's workload carries the spec's dropout for sft; dpo turns dropout off, full fine-tuning has no adapters
+    base = {"model": {"source": "m"}, "dataset": {"train": "f"}, "hyperparameters": {"maxSteps": 1, "seqLen": 1024}}
+    one_b = CATALOG["meta-llama/Llama-3.2-1B"]
+    lora = FineTuneJobSpec.model_validate({**base, "method": {"type": "lora"}})
+    assert lora.method.lora.dropout > 0 and workload(lora, one_b, None).lora_dropout
+    for method in ({"type": "lora", "lora": {"dropout": 0}}, {"type": "lora", "objective": "dpo"}, {"type": "full"}):
+        spec = FineTuneJobSpec.model_validate({**base, "method": method,
+                                               "dataset": {"train": "f", "format": "preference"}
+                                               if method.get("objective") else base["dataset"]})
+        assert not workload(spec, one_b, None).lora_dropout, method
 
 
 def test_qlora_plans_one_gpu_or_ddp_and_never_offloads():

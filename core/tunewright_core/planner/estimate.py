@@ -14,7 +14,9 @@ through the frozen reference's forward (no backward, nothing recomputed). The re
 the adapters off (nothing more held: its forward's activations are freed as it goes, under no_grad), or for full
 fine-tuning a frozen bf16 copy of the weights, sharded and offloaded like the policy's states; whatever of it the
 reference's forward gathers (blocks, root) is taken to be freed when that forward ends, before the policy's peak.
-No run measured dpo: its terms are the sft model's, applied to the work it adds.
+Its terms are the sft model's, applied to the work it adds, but its logits (`DPO_LOGITS_BYTES`): the runtime takes
+the policy's whole logits where sft takes the fused chunk. Two runs on one H200 (dpo_check) checked it: step time
+-8.5% (LoRA) and +7.4% (full), memory fitted on the LoRA run, the full one +1.9%.
 
 QLoRA (method qlora) keeps the blocks' linear weights in NF4 and computes on a bf16 copy of one module at a time:
 bitsandbytes dequantizes a weight for each matrix product that reads it, in forward, in backward (the input's
@@ -58,6 +60,19 @@ NF4 = 0.52  # QLoRA's 4-bit base with double-quantized block constants (QLoRA pa
 # without, vs_recompute_h200_2026-12-05.json); the CPU's compiler keeps 0.68 of a LoRA Llama block's bytes
 # (jobs' test_recompute.py)
 RECOMPUTE_ACTIVATION_SHARE = 0.695
+# LoRA's dropout on the adapters' input (the spec's default, 0.05): each adapted module keeps what it dropped, per
+# element of its input. Fitted on one H200 run (Llama-1B LoRA, seq 1024, mb 8, blocks compiled: 17.9 GiB against
+# 13.1 counted without it, dpo_check_h200_2026-12-04.json); the CPU's compiler keeps 1.8, and 1.0 (the mask alone)
+# where it recomputes the blocks' elementwise work, which the planner takes (not measured on a GPU; jobs'
+# test_recompute.py holds both counts)
+LORA_DROPOUT_BYTES = 1.93
+LORA_DROPOUT_BYTES_RECOMPUTED = 1.0
+# dpo's log-probabilities: jobs' preference.py takes the policy's whole logits (bf16) and widens the labelled ones
+# to fp32 for the log-softmax, not the fused chunked loss: by count 2 bytes a token and vocabulary entry, plus 4 (8
+# once their gradient is made) times the labelled share. Fitted on one H200 run (Llama-1B LoRA, 4 pairs of 1024-token
+# rows, answers about two thirds of each sequence: 16.2 GiB against 13.1 counted with sft's chunk); the full
+# fine-tune's run of the same data, held out, +1.9% (dpo_check_h200_2026-12-04.json)
+DPO_LOGITS_BYTES = 4.23
 
 
 # (method, objective, precision) where jobs' `kernels.recompute: auto` turns it on for compiled blocks: where a GPU
@@ -80,6 +95,7 @@ class Workload:
     # jobs' kernels.recompute (on: compiled blocks keep RECOMPUTE_ACTIVATION_SHARE of their activations); auto as
     # the runtime resolves it for this method, objective and precision; off for a run measured without it
     recompute: str = "off"  # auto | on | off
+    lora_dropout: bool = False  # dropout on the adapters' input (LoRA and QLoRA; the spec's default is 0.05)
 
     @property
     def recomputes(self) -> bool:
@@ -329,8 +345,12 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
     tokens = micro_tokens(w, layout)
     ffn = cal.act_bytes_per_ffn * m.ffn if m.gated_mlp else 0.0  # GPT-2's MLP is folded into its per-hidden rate
     per_layer = tokens * (cal.act_bytes_per_hidden[m.family] * m.hidden + ffn)
-    if w.recomputes and m.gated_mlp:  # measured on Llama blocks; elsewhere the count keeps every activation
+    recomputed = w.recomputes and m.gated_mlp  # measured on Llama blocks; elsewhere the count keeps every activation
+    if recomputed:
         per_layer *= RECOMPUTE_ACTIVATION_SHARE
+    if w.adapters and w.lora_dropout:  # each adapted module's dropped input
+        per_layer += tokens * sum(i for i, _ in m.linear_shapes) * (
+            LORA_DROPOUT_BYTES_RECOMPUTED if recomputed else LORA_DROPOUT_BYTES)
     if layout.activation_checkpointing:
         # a checkpointed block keeps its input (bf16), the others all their activations; one block's alive
         # while it is recomputed
@@ -340,7 +360,9 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
         layers = m.layers * per_layer
     # Backward scales the head's gradient into a second copy once the last chunk's logits are gone: the
     # larger of the two is alive beside the activations.
-    logits = max(loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab, head_gradient_bytes(w))
+    held = tokens * m.vocab * DPO_LOGITS_BYTES if w.objective == "dpo" else \
+        loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab
+    logits = max(held, head_gradient_bytes(w))
     return {"activations": layers, "logits and loss": logits, LOSS_GRADIENTS: loss_gradient_bytes(w, layout)}
 
 

@@ -124,7 +124,10 @@ def workload(spec: FineTuneJobSpec, profile: ModelProfile, dataset_tokens: int |
     return Workload(profile, "qlora" if quantized else spec.method.type, hp.seq_len, batch, steps,
                     lora_rank=spec.method.lora.r, objective=spec.method.objective,
                     optimizer_state="bf16" if light else "fp32", precision=spec.resources.precision,
-                    recompute="auto")  # the runtime's default: the job spec does not set its kernels
+                    recompute="auto",  # the runtime's default: the job spec does not set its kernels
+                    # dpo runs without dropout (preference.disable_dropout, as TRL's default)
+                    lora_dropout=spec.method.type == "lora" and spec.method.lora.dropout > 0
+                    and spec.method.objective == "sft")
 
 
 def as_planned(w: Workload, plan: JobPlan) -> Workload:
