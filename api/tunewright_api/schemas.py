@@ -477,8 +477,8 @@ class PoolCreate(PoolDescription):
         "Opt-in: each profiler window of a multi-GPU job planned on this pool measures the bandwidth its "
         "collectives got from the link they crossed, and the next plans use the mean of the last windows "
         "instead of the declared figure (measuredLinks; DELETE /v1/pools/{name}/measured-links forgets them). "
-        "Every window also measures the GPUs' compute against the catalog's efficiency, and the next plans "
-        "use the mean factor (measuredEfficiency)."))
+        "Every window also measures the GPUs' compute against the catalog's efficiency, apart for jobs on one "
+        "GPU and across GPUs, and the next plans of each kind use its mean factor (measuredEfficiency)."))
 
 
 class DescribedPool(AsWritten, PoolCreate):

@@ -121,24 +121,35 @@ def links_as_planned(intra_node: str, inter_node: str | None, measured: dict) ->
 INTRA_NODE, INTER_NODE = "intraNode", "interNode"  # the keys of measured links (MeasuredLinks' aliases)
 
 
-def measured_links_of(gpupool: dict) -> MeasuredLinks | None:
-    """A GPUPool object's measured links (None where none are, or where what is there is not ours to read:
-    a hand-edited status plans on the declared links rather than fail the job)."""
-    found = (gpupool.get("status") or {}).get("measuredLinks")
+def readable(model: type[MeasuredLinks] | type[MeasuredEfficiency], record: dict | None):
+    """What a pool's jobs measured, as `model` reads it; None where nothing is, or where what is there is not ours
+    to read (hand-edited, or of an earlier form: the single-factor efficiency of before 2026-12-07): plans take the
+    declared figures rather than fail, and answers show none rather than a 500."""
     try:
-        return MeasuredLinks.model_validate(found) if found else None
+        return model.model_validate(record) if record else None
     except ValidationError:
         return None
+
+
+def measured_links_of(gpupool: dict) -> MeasuredLinks | None:
+    """A GPUPool object's measured links (`readable`)."""
+    return readable(MeasuredLinks, (gpupool.get("status") or {}).get("measuredLinks"))
 
 
 def measured_efficiency_of(gpupool: dict) -> MeasuredEfficiency | None:
-    """A GPUPool object's measured efficiency (None where none is, or where a hand-edited status is not
-    ours to read: the job plans on the catalog's efficiency rather than fail)."""
-    found = (gpupool.get("status") or {}).get("measuredEfficiency")
-    try:
-        return MeasuredEfficiency.model_validate(found) if found else None
-    except ValidationError:
-        return None
+    """A GPUPool object's measured efficiency (`readable`)."""
+    return readable(MeasuredEfficiency, (gpupool.get("status") or {}).get("measuredEfficiency"))
+
+
+def status_as_read(gpupool: dict) -> dict:
+    """A GPUPool object's status with what its jobs measured as `readable` reads it (unreadable records left out)."""
+    status = dict(gpupool.get("status") or {})
+    for key, found in (("measuredLinks", measured_links_of(gpupool)),
+                       ("measuredEfficiency", measured_efficiency_of(gpupool))):
+        status.pop(key, None)
+        if found is not None:
+            status[key] = found.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return status
 
 
 def teaches(plan: JobPlan) -> bool:

@@ -69,18 +69,21 @@ def factor(value: float, windows: int = 3) -> dict:
     return {"factor": value, "windows": windows, "lastJob": "ftjob-a", "measuredAt": 1.0}
 
 
-@pytest.mark.parametrize(("gpu", "one", "several", "on_one", "on_eight"), [
-    # the L40S's catalog figure is one for any GPU count: a factor learned on one count stands for the other
-    ("L40S", None, 0.8, 0.8, 0.8),
-    ("L40S", 1.2, None, 1.2, 1.2),
-    ("L40S", 1.2, 0.8, 1.2, 0.8),
-    # one H100 runs at our H200 figures, several at published runs' lower ones: what several H100s measured
-    # says nothing of one; what one measured scales several too
-    ("H100", None, 1.3, 1.0, 1.3),
-    ("H100", 0.9, None, 0.9, 0.9),
-    ("H100", 0.95, 1.2, 0.95, 1.2),
+@pytest.mark.parametrize(("gpu", "one", "several", "on_one", "on_eight", "windows"), [
+    # the L40S's catalog figure is a published factor for any GPU count: a factor learned on one count stands for
+    # the other
+    ("L40S", None, 0.8, 0.8, 0.8, (5, 5)),
+    ("L40S", 1.2, None, 1.2, 1.2, (2, 2)),
+    ("L40S", 1.2, 0.8, 1.2, 0.8, (2, 5)),
+    # our own runs measured one H100 and one H200: what several measured says nothing of one; what one measured
+    # scales several too
+    ("H100", None, 1.3, 1.0, 1.3, (0, 5)),
+    ("H100", 0.9, None, 0.9, 0.9, (2, 2)),
+    ("H100", 0.95, 1.2, 0.95, 1.2, (2, 5)),
+    ("H200", None, 0.8, 1.0, 0.8, (0, 5)),
 ])
-def test_plans_on_one_gpu_and_across_gpus_take_the_factor_of_their_kind(gpu, one, several, on_one, on_eight):
+def test_plans_on_one_gpu_and_across_gpus_take_the_factor_of_their_kind(gpu, one, several, on_one, on_eight,
+                                                                        windows):
     catalog = calibration.for_gpu(gpu)
     record = {"gpu": gpu, **({"oneGPU": factor(one, 2)} if one else {}),
               **({"severalGPUs": factor(several, 5)} if several else {})}
@@ -88,7 +91,8 @@ def test_plans_on_one_gpu_and_across_gpus_take_the_factor_of_their_kind(gpu, one
     for gpus, expected in ((1, on_one), (8, on_eight)):
         assert learnt.on(gpus).matmul_efficiency == pytest.approx(catalog.on(gpus).matmul_efficiency * expected)
         assert learnt.on(gpus).memory_efficiency == pytest.approx(catalog.on(gpus).memory_efficiency * expected)
-    assert learnt.learned_windows == (2 if one else 0) + (5 if several else 0)
+    # the windows behind each kind of plan, as its band says them
+    assert (learnt.windows_on(1), learnt.windows_on(8)) == windows
     assert learnt.name == gpu  # the prediction band looks the GPU up by its catalog key
 
 
@@ -263,3 +267,22 @@ def test_a_gpupool_record_of_the_earlier_form_is_replaced_whole(emulated_cluster
     assert {k: written[k] for k in ("factor", "windows", "lastJob", "measuredAt")} == dict.fromkeys(
         ("factor", "windows", "lastJob", "measuredAt"))
     assert written["gpu"] == "L40S" and written[efficiency_regime(plan.gpus)]["windows"] == 1
+
+
+def test_a_record_of_the_earlier_form_reads_as_none_where_pools_are_shown():
+    """GET /v1/pools validates what it answers: a record the model refuses (the single-factor form, written by a
+    replica not yet upgraded, or kept by an older CRD) shows as none rather than a 500."""
+    from tunewright_api.routes.pools import pool_public
+    from tunewright_core.pools import status_as_read
+
+    earlier = {"gpu": "H100", "factor": 1.4, "windows": 12, "lastJob": "ftjob-a", "measuredAt": 1.0}
+    now = {"gpu": "H100", "oneGPU": factor(0.9)}
+    described = GpuPool(name="p", gpu="H100", gpus_per_node=8, max_nodes=1, intra_node="nvlink4",
+                        price_per_gpu_hour=3.0, learn_links=True, measured_efficiency=earlier)
+    assert pool_public(described).measured_efficiency is None
+    described.measured_efficiency = now
+    assert pool_public(described).measured_efficiency.one_gpu.factor == 0.9
+    gpupool = GPUPOOL | {"status": {"nodes": 2, "measuredEfficiency": earlier}}
+    assert status_as_read(gpupool) == {"nodes": 2}
+    read = status_as_read(GPUPOOL | {"status": {"nodes": 2, "measuredEfficiency": now}})
+    assert read["measuredEfficiency"]["oneGPU"]["factor"] == 0.9 and read["nodes"] == 2

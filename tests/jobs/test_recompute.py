@@ -83,8 +83,8 @@ def test_recompute_keeps_a_third_fewer_activations_for_the_same_gradients(memory
 def test_lora_dropout_keeps_what_the_planner_counts_of_it(memory_budget_restored):
     """With dropout on the adapters' input (the spec's default), each adapted module keeps what it dropped: the
     CPU's compiler keeps 1.8 bytes an element of their inputs (the planner's 1.93 is fitted on one H200 run), and
-    the mask alone (1.0) where it recomputes the elementwise work (the planner's count there: not yet measured on
-    a GPU)."""
+    the mask alone (1.0) where it recomputes the elementwise work (the planner takes it times the H200's 1.93 over
+    the CPU's 1.8: not yet measured on a GPU)."""
     for recompute, counted in ((False, LORA_DROPOUT_BYTES), (True, LORA_DROPOUT_BYTES_RECOMPUTED)):
         without, _ = kept_and_gradients(recompute)
         dropped, _ = kept_and_gradients(recompute, dropout=0.05)

@@ -10,13 +10,13 @@ from tunewright_core.planner.band import band
 from tunewright_core.planner.estimate import (
     BF16,
     DPO_LOGITS_BYTES,
+    LOSS_GRADIENTS,
     REFERENCE_WEIGHTS,
     Layout,
     Workload,
     activation_bytes,
     attention_flops,
     estimate,
-    head_gradient_bytes,
     matmul_flops,
     peak_memory,
 )
@@ -85,13 +85,14 @@ def test_full_dpo_holds_a_frozen_bf16_reference_and_lora_holds_none(method, layo
     # policy's whole logits (DPO_LOGITS_BYTES a token and vocabulary entry), not the fused loss's one chunk
     doubled = Layout(layout.strategy, layout.gpus, layout.nodes, 2 * layout.micro_batch, layout.grad_accum,
                      layout.activation_checkpointing, layout.shard_group)
+    # (through the plain head, which makes no gradient in forward)
     held, sft_held = activation_bytes(dpo, layout, CAL), activation_bytes(sft, doubled, CAL)
-    assert held.pop(LOGITS) == max(2 * layout.micro_batch * dpo.seq_len * LLAMA_8B.vocab * DPO_LOGITS_BYTES,
-                                   head_gradient_bytes(dpo))
+    assert held.pop(LOGITS) == 2 * layout.micro_batch * dpo.seq_len * LLAMA_8B.vocab * DPO_LOGITS_BYTES
+    assert held.pop(LOSS_GRADIENTS) == 0 < sft_held.pop(LOSS_GRADIENTS)
     sft_held.pop(LOGITS)
     assert held == sft_held
-    states = {k: v for k, v in terms.items() if k not in (REFERENCE_WEIGHTS, LOGITS)}
-    sft_doubled = {k: v for k, v in peak_memory(sft, doubled, CAL)[1].items() if k != LOGITS}
+    states = {k: v for k, v in terms.items() if k not in (REFERENCE_WEIGHTS, LOGITS, LOSS_GRADIENTS)}
+    sft_doubled = {k: v for k, v in peak_memory(sft, doubled, CAL)[1].items() if k not in (LOGITS, LOSS_GRADIENTS)}
     assert states == pytest.approx(sft_doubled)
 
 

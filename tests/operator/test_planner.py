@@ -647,7 +647,7 @@ def test_lora_dropout_and_dpos_logits_as_one_h200_run_of_each_measured_them():
     p, llama = calibration_fit.measured_pool(H200, 1), calibration_fit.MEASURED_MODELS["llama-1b"]
     for run, method, objective, micro, dropout, bounds in (
             ("sft-lora", "lora", "sft", 8, True, (-0.01, 0.01)), ("dpo-lora", "lora", "dpo", 4, False, (-0.01, 0.01)),
-            ("dpo-full", "full", "dpo", 4, False, (0.0, 0.03)), ("sft-full", "full", "sft", 8, False, (-0.01, 0.01))):
+            ("dpo-full", "full", "dpo", 4, False, (-0.01, 0.02)), ("sft-full", "full", "sft", 8, False, (-0.01, 0.01))):
         w = Workload(llama, method, 1024, micro, 1, objective=objective, lora_dropout=dropout)
         predicted = estimate(w, Layout("single", 1, 1, micro, 1, False), p, CAL).peak_memory_bytes / GIB
         assert bounds[0] <= predicted / rows[run]["peak_memory_gib"] - 1 <= bounds[1], (run, predicted)

@@ -106,5 +106,6 @@ def test_a_learned_gpu_carries_the_windows_it_was_learned_over():
     catalog = calibration.for_gpu("L40S")
     record = {"factor": 0.8, "windows": 4, "lastJob": "j", "measuredAt": 1}
     learnt = learned_gpu(catalog, "L40S", {"gpu": "L40S", "severalGPUs": record})
-    assert learnt.learned_windows == 4 and learnt.matmul_efficiency == pytest.approx(0.8 * catalog.matmul_efficiency)
+    assert learnt.windows_on(8) == learnt.windows_on(1) == 4
+    assert learnt.matmul_efficiency == pytest.approx(0.8 * catalog.matmul_efficiency)
     assert learned_gpu(catalog, "L40S", {"gpu": "H100", "severalGPUs": record}) == catalog

@@ -59,6 +59,7 @@ from tunewright_core.pools import (
     learnt_links,
     measured_links_of,
     resolve_pool,
+    status_as_read,
     teaches,
 )
 from tunewright_core.spec import (
@@ -167,7 +168,7 @@ class KubernetesBackend:
 
     # --- pools and plans -----------------------------------------------------------------------------
     def pools(self) -> list[dict]:
-        return [{"object": "pool", "name": p["metadata"]["name"], **p["spec"], "status": p.get("status") or {}}
+        return [{"object": "pool", "name": p["metadata"]["name"], **p["spec"], "status": status_as_read(p)}
                 for p in sorted(self.cluster.list("GPUPool"), key=lambda p: p["metadata"]["name"])]
 
     def pool(self, name: str) -> Pool | None:

@@ -25,7 +25,8 @@ from tunewright_api.schemas import (
 from tunewright_api.services import jobs
 from tunewright_api.services.plans import plan_on, pool_of, profile_for
 from tunewright_core.planner.jobs import dataset_tokens_of
-from tunewright_core.spec import CamelModel, FineTuneJobSpec
+from tunewright_core.pools import readable
+from tunewright_core.spec import CamelModel, FineTuneJobSpec, MeasuredEfficiency, MeasuredLinks
 
 router = APIRouter(prefix="/v1", tags=["pools and plans"])
 
@@ -34,8 +35,9 @@ def pool_public(p: GpuPool) -> DescribedPool:
     return DescribedPool.model_validate({
         "object": "pool", "name": p.name, "gpu": p.gpu, "gpusPerNode": p.gpus_per_node, "maxNodes": p.max_nodes,
         "intraNode": p.intra_node, "interNode": p.inter_node, "pricePerGPUHour": p.price_per_gpu_hour,
-        "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links, "measuredLinks": p.measured_links,
-        "measuredEfficiency": p.measured_efficiency})
+        "hostMemoryGiB": p.host_memory_gib, "learnLinks": p.learn_links,
+        "measuredLinks": readable(MeasuredLinks, p.measured_links),
+        "measuredEfficiency": readable(MeasuredEfficiency, p.measured_efficiency)})
 
 
 @router.get("/pools")

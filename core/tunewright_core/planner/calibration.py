@@ -22,7 +22,7 @@ DEFAULT_FILE = Path(__file__).with_name("calibration_h200.json")
 
 # what a calibration file holds of its GPU: the datasheet figures and the efficiencies measured on it (not what a
 # pool learns or a plan across GPUs takes, nor the multi-GPU terms scale.json holds)
-NOT_SAVED = ("learned_windows", "several_gpus_factor", "fp8_flops")
+NOT_SAVED = ("learned_windows", "several_learned_windows", "several_gpus_factor", "fp8_flops")
 NOT_SAVED_CALIBRATION = ("sync_jitter", "comm_interference")
 
 

@@ -16,7 +16,7 @@ fine-tuning a frozen bf16 copy of the weights, sharded and offloaded like the po
 reference's forward gathers (blocks, root) is taken to be freed when that forward ends, before the policy's peak.
 Its terms are the sft model's, applied to the work it adds, but its logits (`DPO_LOGITS_BYTES`): the runtime takes
 the policy's whole logits where sft takes the fused chunk. Two runs on one H200 (dpo_check) checked it: step time
--8.5% (LoRA) and +7.4% (full), memory fitted on the LoRA run, the full one +1.9%.
+-8.5% (LoRA) and +7.4% (full), memory fitted on the LoRA run, the full one +0.5%.
 
 QLoRA (method qlora) keeps the blocks' linear weights in NF4 and computes on a bf16 copy of one module at a time:
 bitsandbytes dequantizes a weight for each matrix product that reads it, in forward, in backward (the input's
@@ -63,16 +63,17 @@ RECOMPUTE_ACTIVATION_SHARE = 0.695
 # LoRA's dropout on the adapters' input (the spec's default, 0.05): each adapted module keeps what it dropped, per
 # element of its input. Fitted on one H200 run (Llama-1B LoRA, seq 1024, mb 8, blocks compiled: 17.9 GiB against
 # 13.1 counted without it, dpo_check_h200_2026-12-04.json); the CPU's compiler keeps 1.8, and 1.0 (the mask alone)
-# where it recomputes the blocks' elementwise work, which the planner takes (not measured on a GPU; jobs'
-# test_recompute.py holds both counts)
+# where it recomputes the blocks' elementwise work: the planner takes that count times the H200's over the CPU's
+# without recompute (not measured on a GPU; jobs' test_recompute.py holds both counts)
 LORA_DROPOUT_BYTES = 1.93
-LORA_DROPOUT_BYTES_RECOMPUTED = 1.0
+LORA_DROPOUT_BYTES_RECOMPUTED = 1.0 * LORA_DROPOUT_BYTES / 1.8
 # dpo's log-probabilities: jobs' preference.py takes the policy's whole logits (bf16) and widens the labelled ones
-# to fp32 for the log-softmax, not the fused chunked loss: by count 2 bytes a token and vocabulary entry, plus 4 (8
-# once their gradient is made) times the labelled share. Fitted on one H200 run (Llama-1B LoRA, 4 pairs of 1024-token
-# rows, answers about two thirds of each sequence: 16.2 GiB against 13.1 counted with sft's chunk); the full
-# fine-tune's run of the same data, held out, +1.9% (dpo_check_h200_2026-12-04.json)
-DPO_LOGITS_BYTES = 4.23
+# to fp32 for the log-softmax, not the fused chunked loss (so nor its gradients made in forward): by count 2 bytes a
+# token and vocabulary entry, plus 4 (8 once their gradient is made) times the labelled share. Fitted on one H200 run
+# (Llama-1B LoRA, 4 pairs of 1024-token rows, answers about two thirds of each sequence: 16.2 GiB against 13.1
+# counted with sft's chunk); the full fine-tune's run of the same data, held out, +0.5%
+# (dpo_check_h200_2026-12-04.json)
+DPO_LOGITS_BYTES = 4.26
 
 
 # (method, objective, precision) where jobs' `kernels.recompute: auto` turns it on for compiled blocks: where a GPU
@@ -360,9 +361,9 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
         layers = m.layers * per_layer
     # Backward scales the head's gradient into a second copy once the last chunk's logits are gone: the
     # larger of the two is alive beside the activations.
-    held = tokens * m.vocab * DPO_LOGITS_BYTES if w.objective == "dpo" else \
-        loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab
-    logits = max(held, head_gradient_bytes(w))
+    if w.objective == "dpo":  # the policy's whole logits, through the plain head: no gradient made in forward
+        return {"activations": layers, "logits and loss": tokens * m.vocab * DPO_LOGITS_BYTES, LOSS_GRADIENTS: 0.0}
+    logits = max(loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab, head_gradient_bytes(w))
     return {"activations": layers, "logits and loss": logits, LOSS_GRADIENTS: loss_gradient_bytes(w, layout)}
 
 

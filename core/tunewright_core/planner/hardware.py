@@ -24,7 +24,10 @@ class GPU:
     matmul_efficiency: float = 0.5
     memory_efficiency: float = 0.6
     fp8_flops: float = 0.0  # dense FP8 tensor-core rate, datasheet; 0: none (before Ada and Hopper)
-    learned_windows: int = 0  # profiler windows of a pool's own jobs its efficiencies come from (0: the catalog's)
+    # profiler windows of a pool's own jobs its one-GPU efficiencies come from, and its several-GPU ones (0: the
+    # catalog's)
+    learned_windows: int = 0
+    several_learned_windows: int = 0
     # where a plan spans GPUs: the efficiency published runs on several of this chip reached over the one-GPU
     # efficiencies above (ours measured on one; calibration.for_gpu): no run of ours has crossed GPUs
     several_gpus_factor: float = 1.0
@@ -32,6 +35,10 @@ class GPU:
     def calibrated(self, **measured: float) -> GPU:
         changes: dict[str, Any] = measured  # float fields only; replace() types each field's keyword
         return replace(self, **changes)
+
+    def windows_on(self, gpus: int) -> int:
+        """The profiler windows of the pool's jobs behind a plan on `gpus` of these GPUs."""
+        return self.learned_windows if gpus == 1 else self.several_learned_windows
 
     def on(self, gpus: int) -> GPU:
         """This GPU as a plan of `gpus` of them runs on it: at `several_gpus_factor` of its efficiencies past one."""
@@ -53,6 +60,7 @@ class Link:
 # chips that are the H200's own die (the H100 SXM: GH100 at the same clocks, with less memory): one of them runs at
 # the H200's measured efficiencies (calibration.for_gpu), as our runs on one H100 checked (fitting's chip_check)
 H200_DIE = frozenset({"H100"})
+ONE_GPU_MEASURED = frozenset({"H200", *H200_DIE})  # chips whose one-GPU figures our own runs measured
 
 GPUS = {
     # host links: ~80% of PCIe Gen5 x16 (64 GB/s) on SXM Hopper, of Gen4 x16 (32 GB/s) elsewhere
@@ -212,18 +220,20 @@ def fold_efficiency(previous: dict | None, gpu: str, factor: float, gpus: int, j
 def learned_gpu(gpu: GPU, catalog_key: str, measured: dict | None) -> GPU:
     """The catalog's GPU, or its efficiencies times the factors the pool's runs measured on that GPU type, with
     how many windows said so. Plans on one GPU take the one-GPU factor, plans across GPUs the several-GPU one
-    (through `several_gpus_factor`); where a pool measured one kind only, the other kind borrows its factor,
-    but for one GPU where the catalog's several-GPU figure is lower than its one-GPU one (a factor learned
-    across H100s says nothing of one, which our runs measured). The name stays the catalog key."""
+    (through `several_gpus_factor`); where a pool measured one kind only, the other kind borrows its factor, but
+    for one GPU of a chip whose one-GPU figure our own runs measured (the H200 and its die): a factor learned
+    across GPUs says nothing of one. The name stays the catalog key."""
     if not measured or measured.get("gpu") != catalog_key:
         return gpu
     one, several = measured.get(ONE_GPU), measured.get(SEVERAL_GPUS)
-    learned_any = several or one
-    if not learned_any:
+    borrowed_by_one = None if catalog_key in ONE_GPU_MEASURED else several
+    one_kind, several_kind = one or borrowed_by_one, several or one
+    if not one_kind and not several_kind:
         return gpu
-    several_factor = learned_any["factor"]
-    one_factor = one["factor"] if one else several_factor if gpu.several_gpus_factor == 1.0 else 1.0
+    one_factor = one_kind["factor"] if one_kind else 1.0
+    several_factor = several_kind["factor"] if several_kind else 1.0
     return replace(gpu, matmul_efficiency=gpu.matmul_efficiency * one_factor,
                    memory_efficiency=gpu.memory_efficiency * one_factor,
                    several_gpus_factor=gpu.several_gpus_factor * several_factor / one_factor,
-                   learned_windows=sum(r["windows"] for r in (one, several) if r))
+                   learned_windows=one_kind["windows"] if one_kind else 0,
+                   several_learned_windows=several_kind["windows"] if several_kind else 0)

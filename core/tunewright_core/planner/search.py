@@ -409,7 +409,7 @@ def _communication(e: Estimate) -> str:
 
 def prediction_band(w: Workload, c: Candidate, pool: Pool, evidence: Evidence) -> PredictionBand:
     b = band(evidence, pool.gpu.name, c.layout.gpus, pool.inter_node if c.layout.nodes > 1 else None, w.seq_len,
-             w.method, pool.gpu.learned_windows, w.objective, w.optimizer_state, w.precision)
+             w.method, pool.gpu.windows_on(c.layout.gpus), w.objective, w.optimizer_state, w.precision)
     (tps_low, tps_high), (step_low, step_high) = b.around(c.tokens_per_second), b.around(c.estimate.step_seconds, True)
     (duration_low, duration_high), (cost_low, cost_high) = (b.around(c.duration_seconds, True),
                                                             b.around(c.cost_usd, True))
