@@ -16,13 +16,14 @@ import itertools
 import json
 import statistics
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from tunewright_core.planner.calibration import DEFAULT_FILE, load, save
+from tunewright_core.planner.calibration import DEFAULT_FILE, load, save, update
 from tunewright_core.planner.estimate import (
     BF16,
     Calibration,
@@ -249,6 +250,41 @@ def markdown(rows: list[dict], stats: dict) -> str:
     lines += [f"- {k.replace('_', ' ')}: {v:+.1%}" if "under" in k else f"- {k.replace('_', ' ')}: {v:.1%}"
               for k, v in stats.items()]
     return "\n".join(lines)
+
+
+def fit_constant(field: str, calibration: Calibration, fit_set: list, step: Callable[[Any, Calibration], float],
+                 measured_step: Callable[[Any], float]) -> float:
+    """One constant the predicted step is linear in (base + constant x the seconds one unit of it adds), fitted on
+    `fit_set` by weighted least squares (weights 1/measured: relative error): qlora_fit's and fp8_fit's."""
+    rows, targets, weights = [], [], []
+    for run in fit_set:
+        base = step(run, replace(calibration, **{field: 0.0}))
+        rows.append([step(run, replace(calibration, **{field: 1.0})) - base])
+        targets.append(measured_step(run) - base)
+        weights.append(1 / measured_step(run))
+    return float(weighted_solve(rows, targets, weights)[0])
+
+
+def constant_fitter(argv: list[str] | None, description: str, field: str, replacing: str,
+                    load_runs: Callable[[list[Path]], list], in_fit_set: Callable[[Any], bool],
+                    fit: Callable[[list, Calibration, GPU], float],
+                    report: Callable[[list, Calibration, GPU], str]) -> int:
+    """The command line of a fitter of one constant: `fit` writes it into the calibration file, with its fit set's
+    result files as its sources (in place of those whose names start with `replacing`); both print `report`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["fit", "report"])
+    parser.add_argument("measurements", nargs="+", type=Path)
+    parser.add_argument("--calibration", type=Path, default=DEFAULT_FILE,
+                        help="the file whose constant is fitted (fit) or checked (report)")
+    args = parser.parse_args(argv)
+    runs = load_runs(args.measurements)
+    calibration, gpu = load(args.calibration)
+    if args.command == "fit":
+        calibration = replace(calibration, **{field: fit(runs, calibration, gpu)})
+        update(args.calibration, {field: getattr(calibration, field)},
+               sorted({r.source for r in runs if in_fit_set(r)}), replacing=replacing)
+    print(report(runs, calibration, gpu))
+    return 0
 
 
 # the constants other fitters fit on runs of their own, by the result files they read

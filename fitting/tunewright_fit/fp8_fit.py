@@ -16,14 +16,12 @@ rows of vs_hf files (tw-fp8, without Ray).
 
 from __future__ import annotations
 
-import argparse
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from tunewright_core.planner.calibration import DEFAULT_FILE, for_gpu, load, update
+from tunewright_core.planner.calibration import for_gpu
 from tunewright_core.planner.estimate import Calibration, estimate
-from tunewright_fit.calibration_fit import measured_pool, weighted_solve
+from tunewright_fit.calibration_fit import constant_fitter, fit_constant, measured_pool
 from tunewright_fit.chip_check import Run, load_runs
 
 
@@ -44,14 +42,8 @@ def fit(runs: list[Run], calibration: Calibration) -> float:
     fit_set = [r for r in runs if in_fit_set(r)]
     if not fit_set:
         raise ValueError("fp8 fit: no fp8_check FP8 run among the measurements")
-    rows, targets, weights = [], [], []
-    for r in fit_set:  # the step is linear in the constant: base + constant x per_byte
-        base = _step(r, replace(calibration, fp8_activation_cast_bytes=0.0))
-        rows.append([_step(r, replace(calibration, fp8_activation_cast_bytes=1.0)) - base])
-        step = r.workload.tokens_per_step / r.tokens_per_second
-        targets.append(step - base)
-        weights.append(1 / step)
-    return float(weighted_solve(rows, targets, weights)[0])
+    return fit_constant("fp8_activation_cast_bytes", calibration, fit_set, _step,
+                        lambda r: r.workload.tokens_per_step / r.tokens_per_second)
 
 
 def compare(runs: list[Run], calibration: Calibration) -> list[dict]:
@@ -73,20 +65,9 @@ def markdown(rows: list[dict], constant: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["fit", "report"])
-    parser.add_argument("measurements", nargs="+", type=Path)
-    parser.add_argument("--calibration", type=Path, default=DEFAULT_FILE,
-                        help="the file whose constant is fitted (fit) or checked (report)")
-    args = parser.parse_args(argv)
-    runs = fp8_runs(args.measurements)
-    calibration, _ = load(args.calibration)
-    if args.command == "fit":
-        calibration = replace(calibration, fp8_activation_cast_bytes=fit(runs, calibration))
-        update(args.calibration, {"fp8_activation_cast_bytes": calibration.fp8_activation_cast_bytes},
-               sorted({r.source for r in runs if in_fit_set(r)}), replacing="fp8_check")
-    print(markdown(compare(runs, calibration), calibration.fp8_activation_cast_bytes))
-    return 0
+    return constant_fitter(argv, __doc__, "fp8_activation_cast_bytes", "fp8_check", fp8_runs, in_fit_set,
+                           lambda runs, c, _gpu: fit(runs, c),
+                           lambda runs, c, _gpu: markdown(compare(runs, c), c.fp8_activation_cast_bytes))
 
 
 if __name__ == "__main__":

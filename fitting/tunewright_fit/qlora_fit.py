@@ -14,17 +14,16 @@ blocks (the default before 2026-12-05: 1.56x slower) and the 70B-shaped runs are
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
-from tunewright_core.planner.calibration import DEFAULT_FILE, for_gpu, load, update
+from tunewright_core.planner.calibration import for_gpu
 from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
 from tunewright_core.planner.hardware import GIB, GPU, gpu_from_product_name
 from tunewright_core.planner.models import CATALOG
-from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool, weighted_solve
+from tunewright_fit.calibration_fit import MEASURED_MODELS, constant_fitter, fit_constant, measured_pool
 
 MODELS = {"llama-8b": MEASURED_MODELS["llama-8b"], "llama-70b": CATALOG["meta-llama/Llama-3.1-70B"]}
 COMPILED = "compile: decoder blocks"  # the runtime's kernel line for compiled blocks
@@ -71,12 +70,8 @@ def fit(runs: list[Run], calibration: Calibration, gpu: GPU) -> float:
     fit_set = [r for r in runs if r.in_fit_set]
     if not fit_set:
         raise ValueError("qlora fit: no Llama-8B run with compiled 4-bit blocks among the measurements")
-    rows, targets = [], []
-    for r in fit_set:  # the step is linear in the constant: base + constant x per_byte
-        base = _step(r, replace(calibration, nf4_dequant_bytes_per_param=0.0), gpu)
-        rows.append([_step(r, replace(calibration, nf4_dequant_bytes_per_param=1.0), gpu) - base])
-        targets.append(r.step_seconds - base)
-    return float(weighted_solve(rows, targets, [1 / r.step_seconds for r in fit_set])[0])
+    return fit_constant("nf4_dequant_bytes_per_param", calibration, fit_set, lambda r, c: _step(r, c, gpu),
+                        lambda r: r.step_seconds)
 
 
 def _card(run: Run, gpu: GPU) -> GPU:
@@ -113,20 +108,9 @@ def markdown(rows: list[dict], constant: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["fit", "report"])
-    parser.add_argument("measurements", nargs="+", type=Path)
-    parser.add_argument("--calibration", type=Path, default=DEFAULT_FILE,
-                        help="the file whose constant is fitted (fit) or checked (report)")
-    args = parser.parse_args(argv)
-    runs = load_runs(args.measurements)
-    calibration, gpu = load(args.calibration)
-    if args.command == "fit":
-        calibration = replace(calibration, nf4_dequant_bytes_per_param=fit(runs, calibration, gpu))
-        update(args.calibration, {"nf4_dequant_bytes_per_param": calibration.nf4_dequant_bytes_per_param},
-               [p.name for p in args.measurements], replacing="qlora_check")
-    print(markdown(compare(runs, calibration, gpu), calibration.nf4_dequant_bytes_per_param))
-    return 0
+    return constant_fitter(argv, __doc__, "nf4_dequant_bytes_per_param", "qlora_check", load_runs,
+                           lambda r: r.in_fit_set, fit,
+                           lambda runs, c, gpu: markdown(compare(runs, c, gpu), c.nf4_dequant_bytes_per_param))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tunewright_core.planner.hardware import H200_DIE, Link
+from tunewright_core.planner.hardware import ONE_GPU_MEASURED, Link
 
 MEASURED_ONE_GPU = "H200"
 # the catalog GPUs whose efficiency runs measured (ours on the H200, published ones on the others); the rest
@@ -63,7 +63,7 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
          precision: str = "bf16") -> Band:
     """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node); the GPU's
     efficiency learned over `learned_windows` profiler windows of the pool's own jobs (0: the catalog's)."""
-    one_measured_gpu = gpus == 1 and (gpu == MEASURED_ONE_GPU or gpu in H200_DIE)
+    one_measured_gpu = gpus == 1 and gpu in ONE_GPU_MEASURED
     low, high = evidence.one_gpu if one_measured_gpu else evidence.published
     basis = (f"{evidence.one_gpu_rows} one-GPU H200 runs held out of the calibration" if one_measured_gpu else
              f"{evidence.published_rows} published multi-GPU runs held out of the fit (other frameworks, sizes, "

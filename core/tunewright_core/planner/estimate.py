@@ -359,10 +359,10 @@ def activation_bytes(w: Workload, layout: Layout, cal: Calibration) -> dict[str,
         layers = tokens * checkpointed * BF16 * m.hidden + (m.layers - checkpointed) * per_layer + per_layer
     else:
         layers = m.layers * per_layer
-    # Backward scales the head's gradient into a second copy once the last chunk's logits are gone: the
-    # larger of the two is alive beside the activations.
     if w.objective == "dpo":  # the policy's whole logits, through the plain head: no gradient made in forward
         return {"activations": layers, "logits and loss": tokens * m.vocab * DPO_LOGITS_BYTES, LOSS_GRADIENTS: 0.0}
+    # Backward scales the head's gradient into a second copy once the last chunk's logits are gone: the
+    # larger of the two is alive beside the activations.
     logits = max(loss_tokens(w, layout) * m.vocab * cal.logits_bytes_per_vocab, head_gradient_bytes(w))
     return {"activations": layers, "logits and loss": logits, LOSS_GRADIENTS: loss_gradient_bytes(w, layout)}
 
