@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ from pydantic import BaseModel
 from tunewright_core.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, GPUPoolStatus
 
 GROUP, VERSION = "tunewright.dev", "v1alpha1"
+# On each CRD: a digest of its spec, so the chart (on install and upgrade) and the operator (at startup) can
+# tell a cluster's CRD from another release's: Helm installs crds/ once and never upgrades them.
+SCHEMA_DIGEST = f"{GROUP}/schema-digest"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "charts" / "tunewright" / "crds"
 DROPPED_KEYWORDS = {"title", "$defs", "discriminator"}
 
@@ -142,19 +146,48 @@ def _column(name: str, type_: str, path: str, description: str, priority: int = 
 
 
 def _crd(kind: str, plural: str, short: str, scope: str, root: dict, columns: list[dict]) -> dict:
+    spec = {
+        "group": GROUP,
+        "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
+                  "shortNames": [short], "categories": ["tunewright"]},
+        "scope": scope,
+        "versions": [{"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
+                      "additionalPrinterColumns": columns, "schema": {"openAPIV3Schema": root}}],
+    }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "tunewright"}},
-        "spec": {
-            "group": GROUP,
-            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower(),
-                      "shortNames": [short], "categories": ["tunewright"]},
-            "scope": scope,
-            "versions": [{"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
-                          "additionalPrinterColumns": columns, "schema": {"openAPIV3Schema": root}}],
-        },
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "tunewright"},
+                     "annotations": {SCHEMA_DIGEST: schema_digest(spec)}},
+        "spec": spec,
     }
+
+
+def crd_names() -> list[str]:
+    return [crd["metadata"]["name"] for crd in crds().values()]
+
+
+def schema_digest(spec: dict) -> str:
+    """The first 16 hex digits of the SHA-256 of a CRD's spec as canonical JSON: any change to a field, a
+    rule, a description or a column changes it."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def stale_crds(installed: list[dict]) -> list[str]:
+    """What is wrong with a cluster's tunewright CRDs (`installed`: its CustomResourceDefinitions), each a
+    sentence naming the CRD: missing, or not this release's (another digest, or none: a chart from before
+    the digest). Empty when every one is this release's."""
+    found = {crd["metadata"]["name"]: crd for crd in installed}
+    wrong = []
+    for crd in crds().values():
+        name, wanted = crd["metadata"]["name"], crd["metadata"]["annotations"][SCHEMA_DIGEST]
+        if name not in found:
+            wrong.append(f"{name} is not installed")
+            continue
+        digest = (found[name]["metadata"].get("annotations") or {}).get(SCHEMA_DIGEST)
+        if digest != wanted:
+            wrong.append(f"{name} is another release's (schema digest {digest or 'none'}, this release's {wanted})")
+    return wrong
 
 
 def finetunejob_crd() -> dict:

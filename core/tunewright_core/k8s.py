@@ -25,6 +25,7 @@ KINDS = {
     "Event": ("", "v1", "events", True),
     "Node": ("", "v1", "nodes", False),
     "Namespace": ("", "v1", "namespaces", False),
+    "CustomResourceDefinition": ("apiextensions.k8s.io", "v1", "customresourcedefinitions", False),
 }
 GONE = (404, 410)
 

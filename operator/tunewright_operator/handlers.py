@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import kopf
 
-from tunewright_core import k8s, pools
+from tunewright_core import crds, k8s, pools
 from tunewright_core.names import JOB_LABEL
 from tunewright_core.spec import TERMINAL_PHASES, GPUPoolSpec
 from tunewright_operator.api_client import ApiSummaries
@@ -53,6 +53,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.posting.level = logging.WARNING  # the reconciler posts the events users read
     k8s.load_credentials()
     memo.cluster = k8s.KubernetesCluster()
+    refuse_other_crds(memo.cluster)
     memo.locks = {}
     job_token_key = os.environ.get("TUNEWRIGHT_JOB_TOKEN_KEY", "")
     if len(job_token_key) < MIN_JOB_TOKEN_KEY:  # the chart makes one (kept across upgrades) in a Secret of its own
@@ -64,6 +65,21 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         ttl_seconds_after_finished=int(os.environ.get("TUNEWRIGHT_TTL_SECONDS_AFTER_FINISHED", "600")),
         default_checkpoint_storage=os.environ.get("TUNEWRIGHT_DEFAULT_CHECKPOINT_STORAGE") or None)
     memo.summaries = ApiSummaries(memo.settings)
+
+
+def refuse_other_crds(cluster: k8s.Cluster) -> None:
+    """Run only on this release's CRDs: on another's, the API server would prune or refuse the status this
+    operator writes (and kopf re-run handlers whose progress was pruned), so stop with the fix instead."""
+    try:
+        installed = [crd for name in crds.crd_names() if (crd := cluster.get("CustomResourceDefinition", None, name))]
+    except k8s.KubernetesError as error:  # an install without the chart's grant to read them: say so, go on
+        logging.getLogger(__name__).warning("the CRDs were not checked against this release's: %s", error)
+        return
+    if stale := crds.stale_crds(installed):
+        raise kopf.PermanentError(
+            f"{'; '.join(stale)}: apply this release's CRDs (`kubectl apply --server-side -f "
+            f"charts/tunewright/crds/` from the chart of this operator's version; Helm installs CRDs once and "
+            f"never upgrades them); the operator starts once they are")
 
 
 def _reconcile(body: kopf.Body | dict, memo: kopf.Memo, logger) -> None:

@@ -91,10 +91,9 @@ def server(tmp_path, database_url):
 def emulated_cluster(monkeypatch, tmp_path):
     """An emulated API server holding the KubeRay and tunewright CRDs and the example GPUPool (default), as
     the API's kubernetes backend finds it through KUBECONFIG."""
-    from tests.support.apiserver import FakeApiServer
-    from tests.support.emulated import ROOT, client_for, resources
+    from tests.support.emulated import ROOT, client_for, crds_installed
 
-    emulator = FakeApiServer(list(resources())).start()
+    emulator = crds_installed().start()
     monkeypatch.setenv("KUBECONFIG", str(emulator.write_kubeconfig(tmp_path / "kubeconfig")))
     client_for(emulator).create(yaml.safe_load((ROOT / "examples" / "cluster" / "gpupool-h100.yaml").read_text()))
     yield emulator

@@ -18,7 +18,7 @@ import yaml
 
 from tests.support.pss import pod_specs, restricted_violations
 from tests.support.schemas import errors
-from tunewright_core.crds import crds, values_pool_schema, with_pool_schema
+from tunewright_core.crds import SCHEMA_DIGEST, crds, values_pool_schema, with_pool_schema
 from tunewright_operator.manifests import RAY_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -166,6 +166,45 @@ def test_pools_that_cannot_work_together_fail_the_install(pools, message, tmp_pa
     path.write_text(yaml.safe_dump({"pools": [{**spec, **pool} for pool in pools]}))
     done = helm("template", "tw", str(CHART), "-f", str(path))
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(("digests", "message"), [
+    ({}, None),  # a fresh cluster (on `helm install`, Helm has just made them from crds/)
+    ({"finetunejobs.tunewright.dev": True, "gpupools.tunewright.dev": True}, None),
+    ({"finetunejobs.tunewright.dev": True, "gpupools.tunewright.dev": None},
+     "the cluster's CRD gpupools.tunewright.dev is another release's (schema digest none, this chart's "),
+    ({"finetunejobs.tunewright.dev": "0123456789abcdef", "gpupools.tunewright.dev": True},
+     "the cluster's CRD finetunejobs.tunewright.dev is another release's (schema digest 0123456789abcdef, "),
+])
+def test_an_install_or_upgrade_onto_another_releases_crds_stops_naming_the_fix(digests, message, tmp_path):
+    """Helm never upgrades crds/: rendered against a cluster (as `helm install` and `helm upgrade` render, with
+    lookup) whose CRDs carry this chart's digests (True), another (a string) or none (None: a chart from
+    before digests), the chart renders, or stops naming the CRD and the command that fixes it."""
+    from tests.support.apiserver import FakeApiServer
+
+    installed = []
+    for crd in crds().values():
+        if crd["metadata"]["name"] in digests:
+            digest = digests[crd["metadata"]["name"]]
+            annotations = {SCHEMA_DIGEST: crd["metadata"]["annotations"][SCHEMA_DIGEST] if digest is True else digest}
+            installed.append(crd | {"metadata": crd["metadata"] | {"annotations": annotations if digest else {}}})
+    server = FakeApiServer([], installed=installed).start()
+    try:
+        done = subprocess.run(
+            [str(HELM), "template", "tw", str(CHART), "--namespace", "tunewright", "--dry-run=server",
+             "--disable-openapi-validation", "-f", str(next(v for v in VALUES if v.stem == "gitops"))],
+            capture_output=True, text=True, timeout=120,
+            env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "KUBECONFIG": str(server.write_kubeconfig(
+                tmp_path / "kubeconfig"))})
+    finally:
+        server.stop()
+    if message is None:
+        assert done.returncode == 0 and "kind: Deployment" in done.stdout, done.stderr
+        return
+    assert done.returncode != 0 and message in done.stderr, done.stderr
+    assert "never upgrades them. Apply this chart's first: `kubectl apply --server-side -f crds/`" in done.stderr
+    assert f"`helm pull tunewright --version {yaml.safe_load((CHART / 'Chart.yaml').read_text())['version']} " in (
+        done.stderr)
 
 
 def test_a_gitops_render_makes_no_secret_it_would_have_to_look_up():

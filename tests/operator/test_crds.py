@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from tests.support.schemas import errors, structural_violations
-from tunewright_core.crds import DEFAULT_OUT, crds, render
+from tunewright_core.crds import DEFAULT_OUT, SCHEMA_DIGEST, crds, render, schema_digest, stale_crds
 from tunewright_core.planner import calibration
 from tunewright_core.planner.hardware import LINKS, Pool
 from tunewright_core.planner.jobs import plan_job
@@ -41,6 +41,43 @@ def test_the_committed_crds_are_the_generated_ones():
         assert committed.is_file() and committed.read_text() == render(crd), (
             f"{committed} drifted from spec.py: run `python -m tunewright_core.crds`")
     assert sorted(p.name for p in DEFAULT_OUT.glob("*.yaml")) == sorted(crds())
+
+
+def test_each_crd_carries_the_digest_of_its_spec_and_any_change_changes_it():
+    for crd in crds().values():
+        assert crd["metadata"]["annotations"][SCHEMA_DIGEST] == schema_digest(crd["spec"])
+        described = yaml.safe_load(yaml.safe_dump(crd["spec"]))
+        described["versions"][0]["schema"]["openAPIV3Schema"]["description"] += "."
+        assert schema_digest(described) != schema_digest(crd["spec"])
+    assert len({crd["metadata"]["annotations"][SCHEMA_DIGEST] for crd in crds().values()}) == len(crds())
+
+
+def _as_installed(plural: str, digest: str | None | bool = True) -> list[dict]:
+    """Our CRD of that plural as a cluster holds it (annotations kubectl added beside ours): with this
+    release's digest (True), another one, none (None: a chart from before digests) or absent (False)."""
+    (crd,) = [c for c in crds().values() if c["spec"]["names"]["plural"] == plural]
+    if digest is False:
+        return []
+    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{}"}
+    if digest:
+        annotations[SCHEMA_DIGEST] = crd["metadata"]["annotations"][SCHEMA_DIGEST] if digest is True else digest
+    return [crd | {"metadata": crd["metadata"] | {"annotations": annotations}}]
+
+
+JOBS_DIGEST, POOLS_DIGEST = (crd["metadata"]["annotations"][SCHEMA_DIGEST] for crd in crds().values())
+
+
+@pytest.mark.parametrize(("jobs", "pools", "wrong"), [
+    (True, True, []),
+    (True, False, ["gpupools.tunewright.dev is not installed"]),
+    (True, None, [f"gpupools.tunewright.dev is another release's (schema digest none, this release's {POOLS_DIGEST})"]),
+    ("0123456789abcdef", True, ["finetunejobs.tunewright.dev is another release's (schema digest 0123456789abcdef, "
+                                f"this release's {JOBS_DIGEST})"]),
+    (False, None, ["finetunejobs.tunewright.dev is not installed",
+                   f"gpupools.tunewright.dev is another release's (schema digest none, this release's {POOLS_DIGEST})"]),
+])
+def test_stale_crds_names_each_crd_that_is_not_this_releases(jobs, pools, wrong):
+    assert stale_crds(_as_installed("finetunejobs", jobs) + _as_installed("gpupools", pools)) == wrong
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

@@ -15,8 +15,18 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import yaml
 
-from tests.support.apiserver import FakeApiServer
-from tests.support.emulated import ROOT, Operator, client_for, resources, secret_token, wait_for
+from tests.support.apiserver import FakeApiServer, crd_document
+from tests.support.emulated import (
+    CRDS,
+    ROOT,
+    Operator,
+    client_for,
+    crds_installed,
+    resources,
+    secret_token,
+    wait_for,
+)
+from tunewright_core.crds import SCHEMA_DIGEST
 from tunewright_core.k8s import KubernetesError
 from tunewright_core.names import TOKEN_HASH_ANNOTATION
 
@@ -39,7 +49,7 @@ def job_in(namespace: str, **spec_changes) -> dict:
 
 @pytest.fixture(scope="module")
 def server():
-    server = FakeApiServer(list(resources())).start()
+    server = crds_installed().start()
     yield server
     server.stop()
 
@@ -178,11 +188,31 @@ def test_the_crd_refuses_a_bad_spec_naming_the_field(cluster, namespace):
     assert refused.value.status == 422 and "spec.method.type" in str(refused.value)
 
 
+def test_the_operator_stops_on_another_releases_crd_naming_the_fix(tmp_path):
+    """A cluster whose GPUPool CRD a chart from before schema digests installed (Helm never upgraded it): the
+    operator exits at startup, and its log names the CRD and the command that fixes it."""
+    installed = [crd_document(path) for path in sorted(CRDS.glob("*.yaml"))]
+    for crd in installed:
+        if crd["metadata"]["name"] == "gpupools.tunewright.dev":
+            del crd["metadata"]["annotations"][SCHEMA_DIGEST]
+    server = FakeApiServer(list(resources()), installed=installed).start()
+    operator = Operator(server.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path / "operator.log")
+    try:
+        assert operator.start().process.wait(60) != 0
+    finally:
+        operator.stop()
+        server.stop()
+    log = operator.tail(400)
+    assert "gpupools.tunewright.dev is another release's (schema digest none" in log, log
+    assert "finetunejobs.tunewright.dev" not in log.split("schema digest none")[0][-200:], log  # that one is ours
+    assert "kubectl apply --server-side -f charts/tunewright/crds/" in log, log
+
+
 def test_an_operator_killed_at_every_write_ends_with_one_rayjob(tmp_path):
     """The operator is SIGKILLed the moment the API server has applied its n-th write (before it reads the
     answer), for n = 1, 2, ... until a start completes unkilled; each time a new operator finishes the job.
     An API server of its own: no other operator may write (or reconcile) meanwhile."""
-    server = FakeApiServer(list(resources())).start()
+    server = crds_installed().start()
     try:
         cluster = client_for(server)
         cluster.create(POOL)

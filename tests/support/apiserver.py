@@ -379,7 +379,9 @@ class FakeApiServer:
 
     TEST_AGENT = "tunewright-tests"
 
-    def __init__(self, resources: list[Resource]):
+    def __init__(self, resources: list[Resource], installed: list[dict] = ()):
+        """`resources`: the kinds served besides the core ones; `installed`: cluster-scoped objects already
+        there when the test begins (the CRDs an administrator installed, say)."""
         self.resources = {(r.group, r.version, r.plural): r for r in [*CORE, *INSTALLABLE, *resources]}
         # bearer token → "system:serviceaccount:<namespace>:<name>", held to the RBAC objects stored here;
         # any other token is the cluster's admin (the tests' own)
@@ -402,6 +404,13 @@ class FakeApiServer:
         for name in ("default", "kube-system"):
             self._store(self.resources[("", "v1", "namespaces")], {"apiVersion": "v1", "kind": "Namespace",
                                                                     "metadata": {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": now_rfc3339()}}, "ADDED")
+        for obj in installed:
+            group, _, version = obj["apiVersion"].rpartition("/")
+            resource = next(r for r in self.resources.values()
+                            if (r.group, r.version, r.kind) == (group, version, obj["kind"]))
+            stored = copy.deepcopy(obj)
+            stored["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339(), generation=1)
+            self._store(resource, stored, "ADDED")
 
     # -- lifecycle
     def start(self) -> FakeApiServer:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from tests.support.apiserver import KUBERAY_RAYJOB_CRD, FakeApiServer, Resource, load_crd
+from tests.support.apiserver import KUBERAY_RAYJOB_CRD, FakeApiServer, Resource, crd_document, load_crd
 from tunewright_core.k8s import KubernetesCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,6 +28,12 @@ CRDS = ROOT / "charts" / "tunewright" / "crds"
 def resources() -> tuple[Resource, ...]:
     found = [r for path in sorted(CRDS.glob("*.yaml")) for r in load_crd(path)]
     return (*found, *load_crd(KUBERAY_RAYJOB_CRD, {"v1"}))
+
+
+def crds_installed() -> FakeApiServer:
+    """The emulated API server of a cluster where tunewright's CRDs were installed (the committed ones, as
+    the chart installs them) and KubeRay's RayJob is served (its CRD object not stored: nothing reads it)."""
+    return FakeApiServer(list(resources()), installed=[crd_document(path) for path in sorted(CRDS.glob("*.yaml"))])
 
 
 def client_for(server: FakeApiServer) -> KubernetesCluster:
