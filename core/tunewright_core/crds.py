@@ -25,8 +25,8 @@ from pydantic import BaseModel
 from tunewright_core.spec import FineTuneJobSpec, FineTuneJobStatus, GPUPoolSpec, GPUPoolStatus
 
 GROUP, VERSION = "tunewright.dev", "v1alpha1"
-# On each CRD: a digest of its spec, so the chart (on install and upgrade) and the operator (at startup) can
-# tell a cluster's CRD from another release's: Helm installs crds/ once and never upgrades them.
+# On each CRD: a digest of its spec, so the chart (on install and upgrade) can tell a cluster's CRD from another
+# release's, Helm installing crds/ once and never upgrading them (the operator, at startup, compares fields).
 SCHEMA_DIGEST = f"{GROUP}/schema-digest"
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "charts" / "tunewright" / "crds"
 DROPPED_KEYWORDS = {"title", "$defs", "discriminator"}
@@ -163,31 +163,64 @@ def _crd(kind: str, plural: str, short: str, scope: str, root: dict, columns: li
     }
 
 
-def crd_names() -> list[str]:
-    return [crd["metadata"]["name"] for crd in crds().values()]
-
-
 def schema_digest(spec: dict) -> str:
-    """The first 16 hex digits of the SHA-256 of a CRD's spec as canonical JSON: any change to a field, a
-    rule, a description or a column changes it."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    """"sha256:" and the first 16 hex digits of the SHA-256 of a CRD's spec as canonical JSON: any change to
+    a field, a rule, a description or a column changes it (the prefix keeps YAML from reading it as a number)."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return f"sha256:{digest[:16]}"
 
 
-def stale_crds(installed: list[dict]) -> list[str]:
-    """What is wrong with a cluster's tunewright CRDs (`installed`: its CustomResourceDefinitions), each a
-    sentence naming the CRD: missing, or not this release's (another digest, or none: a chart from before
-    the digest). Empty when every one is this release's."""
+def missing_crds(installed: list[dict]) -> list[str]:
+    """This release's CRDs that are not among `installed` (a cluster's CustomResourceDefinitions), by name."""
+    names = {crd["metadata"]["name"] for crd in installed}
+    return [crd["metadata"]["name"] for crd in crds().values() if crd["metadata"]["name"] not in names]
+
+
+def incompatible_crds(installed: list[dict]) -> list[str]:
+    """Of a cluster's CRDs, those that would refuse or prune what this release writes, each a sentence naming
+    the CRD and the first fields at fault. One with this release's digest is this release's; another (an
+    earlier release's, or a later one's that dropped or retyped a field) is compared field by field, so a
+    later release's CRDs that only add fields still serve this one (a rollback, say)."""
     found = {crd["metadata"]["name"]: crd for crd in installed}
     wrong = []
     for crd in crds().values():
-        name, wanted = crd["metadata"]["name"], crd["metadata"]["annotations"][SCHEMA_DIGEST]
-        if name not in found:
-            wrong.append(f"{name} is not installed")
+        name, theirs = crd["metadata"]["name"], found.get(crd["metadata"]["name"])
+        if theirs is None or (theirs["metadata"].get("annotations") or {}).get(SCHEMA_DIGEST) == (
+                crd["metadata"]["annotations"][SCHEMA_DIGEST]):
             continue
-        digest = (found[name]["metadata"].get("annotations") or {}).get(SCHEMA_DIGEST)
-        if digest != wanted:
-            wrong.append(f"{name} is another release's (schema digest {digest or 'none'}, this release's {wanted})")
+        served = [v for v in theirs["spec"].get("versions", []) if v["name"] == VERSION and v.get("served")]
+        gaps = (schema_gaps(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+                            served[0].get("schema", {}).get("openAPIV3Schema", {}))
+                + ([] if "status" in served[0].get("subresources", {}) else ["the status subresource: missing"])
+                if served else [f"version {VERSION}: not served"])
+        if gaps:
+            more = f" and {len(gaps) - 3} more" if len(gaps) > 3 else ""
+            wrong.append(f"{name} is another release's and would refuse or prune what this one writes "
+                         f"({'; '.join(gaps[:3])}{more})")
     return wrong
+
+
+def schema_gaps(ours: dict, theirs: dict, path: str = "") -> list[str]:
+    """Where schema `theirs` would refuse or prune a value schema `ours` allows: a property it lacks, another
+    type, an enumeration without one of ours. Descriptions, defaults, bounds and CEL rules are not compared."""
+    where = path or "."
+    if theirs.get("x-kubernetes-preserve-unknown-fields") and "properties" not in theirs:
+        return []
+    if ours.get("type") != theirs.get("type"):
+        return [f"{where}: type {theirs.get('type')}, not {ours.get('type')}"]
+    if "enum" in theirs and not ("enum" in ours and set(ours["enum"]) <= set(theirs["enum"])):
+        return [f"{where}: allows only {', '.join(map(str, theirs['enum']))}"]
+    gaps = []
+    for name, sub in ours.get("properties", {}).items():
+        if name in theirs.get("properties", {}):
+            gaps += schema_gaps(sub, theirs["properties"][name], f"{path}.{name}")
+        else:
+            gaps.append(f"{path}.{name}: missing")
+    for key, inner in (("items", f"{path}[]"), ("additionalProperties", f"{path}.*")):
+        if isinstance(ours.get(key), dict):
+            gaps += (schema_gaps(ours[key], theirs[key], inner) if isinstance(theirs.get(key), dict)
+                     else [f"{inner}: missing"])
+    return gaps
 
 
 def finetunejob_crd() -> dict:

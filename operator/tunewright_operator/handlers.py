@@ -7,6 +7,7 @@ peering can stand guard against a second one but is not leader election.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import threading
@@ -53,7 +54,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.posting.level = logging.WARNING  # the reconciler posts the events users read
     k8s.load_credentials()
     memo.cluster = k8s.KubernetesCluster()
-    refuse_other_crds(memo.cluster)
+    check_crds(memo.cluster)
     memo.locks = {}
     job_token_key = os.environ.get("TUNEWRIGHT_JOB_TOKEN_KEY", "")
     if len(job_token_key) < MIN_JOB_TOKEN_KEY:  # the chart makes one (kept across upgrades) in a Secret of its own
@@ -65,21 +66,39 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
         ttl_seconds_after_finished=int(os.environ.get("TUNEWRIGHT_TTL_SECONDS_AFTER_FINISHED", "600")),
         default_checkpoint_storage=os.environ.get("TUNEWRIGHT_DEFAULT_CHECKPOINT_STORAGE") or None)
     memo.summaries = ApiSummaries(memo.settings)
+    memo.pools_stop = threading.Event()
+    threading.Thread(target=rediscover_pools, args=(memo.cluster, memo.pools_stop), name="pool-discovery",
+                     daemon=True).start()
 
 
-def refuse_other_crds(cluster: k8s.Cluster) -> None:
-    """Run only on this release's CRDs: on another's, the API server would prune or refuse the status this
-    operator writes (and kopf re-run handlers whose progress was pruned), so stop with the fix instead."""
+def check_crds(cluster: k8s.Cluster) -> None:
+    """Run only on CRDs that take what this operator writes: on others the API server would refuse or prune
+    its status (and kopf re-run handlers whose progress was pruned). Missing ones are waited for (a GitOps
+    sync may bring them after the operator); incompatible ones stop it, naming the fields and the fix."""
     try:
-        installed = [crd for name in crds.crd_names() if (crd := cluster.get("CustomResourceDefinition", None, name))]
-    except k8s.KubernetesError as error:  # an install without the chart's grant to read them: say so, go on
+        installed = [crd for name in (c["metadata"]["name"] for c in crds.crds().values())
+                     if (crd := cluster.get("CustomResourceDefinition", None, name))]
+    except k8s.KubernetesError as error:
+        if error.status != 403:
+            raise kopf.TemporaryError(f"reading the CRDs to check them: {error}", delay=15) from error
+        # an install without the chart's grant to read them: say so, go on
         logging.getLogger(__name__).warning("the CRDs were not checked against this release's: %s", error)
         return
-    if stale := crds.stale_crds(installed):
-        raise kopf.PermanentError(
-            f"{'; '.join(stale)}: apply this release's CRDs (`kubectl apply --server-side -f "
-            f"charts/tunewright/crds/` from the chart of this operator's version; Helm installs CRDs once and "
-            f"never upgrades them); the operator starts once they are")
+    if missing := crds.missing_crds(installed):
+        raise kopf.TemporaryError(f"waiting for the CRDs {', '.join(missing)} to be installed: {apply_crds()}",
+                                  delay=30)
+    if wrong := crds.incompatible_crds(installed):
+        raise kopf.PermanentError(f"{'; '.join(wrong)}: {apply_crds()}; the operator starts once they are")
+
+
+def apply_crds() -> str:
+    try:
+        version = f" --version {importlib.metadata.version('tunewright')}"
+    except importlib.metadata.PackageNotFoundError:
+        version = ""
+    return (f"apply this release's CRDs (`helm show crds CHART{version} | kubectl apply --server-side "
+            f"--force-conflicts -f -`, CHART being what you install: the repository's tunewright chart, a folder "
+            f"or a .tgz; Helm installs CRDs once and never upgrades them)")
 
 
 def _reconcile(body: kopf.Body | dict, memo: kopf.Memo, logger) -> None:
@@ -124,10 +143,38 @@ def finetunejob_deleted(body: kopf.Body, memo: kopf.Memo, logger, **_) -> None:
 @kopf.on.resume(*GPUPOOLS)
 @kopf.on.create(*GPUPOOLS)
 @kopf.on.update(*GPUPOOLS, field="spec")
-@kopf.timer(*GPUPOOLS, interval=DISCOVERY_SECONDS)
 def gpupool_discovery(body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    spec = GPUPoolSpec.model_validate(body["spec"])
-    nodes = memo.cluster.list("Node", None, label_selector=pools.selector(spec) or None)
-    status = pools.discovered(spec, nodes, body["metadata"].get("generation"))
-    memo.cluster.patch_status("GPUPool", None, body["metadata"]["name"],
-                              status.model_dump(by_alias=True, mode="json", exclude_none=True))
+    discover_pool(memo.cluster, dict(body))
+
+
+@kopf.on.cleanup()
+def stop_pool_discovery(memo: kopf.Memo, **_) -> None:
+    if stop := memo.get("pools_stop"):  # absent when startup stopped before making it
+        stop.set()
+
+
+def discover_pool(cluster: k8s.Cluster, gpupool: dict) -> None:
+    spec = GPUPoolSpec.model_validate(gpupool["spec"])
+    nodes = cluster.list("Node", None, label_selector=pools.selector(spec) or None)
+    status = pools.discovered(spec, nodes, gpupool["metadata"].get("generation"))
+    cluster.patch_status("GPUPool", None, gpupool["metadata"]["name"],
+                         status.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+
+def rediscover_pools(cluster: k8s.Cluster, stop: threading.Event, interval: float = DISCOVERY_SECONDS) -> None:
+    """Every pool's nodes read again each `interval` (nodes come and go while pools stay as they are), until
+    `stop`. One loop rather than kopf's per-pool timer: a timer puts kopf's finalizer on every GPUPool, and
+    `helm uninstall` removes the operator before the pools it made, which would then hang in Terminating
+    (kopf takes the finalizer off pools that have it, as no handler needs it now)."""
+    log = logging.getLogger(__name__)
+    while not stop.wait(interval):
+        try:
+            found = cluster.list("GPUPool")
+        except k8s.KubernetesError as error:
+            log.warning("GPUPools not listed for discovery (tried again in %.0f s): %s", interval, error)
+            continue
+        for gpupool in found:
+            try:
+                discover_pool(cluster, gpupool)
+            except Exception:  # one pool's failure must not end the others' discovery
+                log.exception("GPUPool %s: node discovery failed", gpupool["metadata"]["name"])

@@ -202,9 +202,16 @@ def test_an_install_or_upgrade_onto_another_releases_crds_stops_naming_the_fix(d
         assert done.returncode == 0 and "kind: Deployment" in done.stdout, done.stderr
         return
     assert done.returncode != 0 and message in done.stderr, done.stderr
-    assert "never upgrades them. Apply this chart's first: `kubectl apply --server-side -f crds/`" in done.stderr
-    assert f"`helm pull tunewright --version {yaml.safe_load((CHART / 'Chart.yaml').read_text())['version']} " in (
-        done.stderr)
+    assert ("never upgrades them. Apply this chart's first, `helm show crds CHART --version "
+            f"{yaml.safe_load((CHART / 'Chart.yaml').read_text())['version']} | kubectl apply --server-side "
+            "--force-conflicts -f -`") in done.stderr
+
+
+def test_the_operator_may_read_only_our_crds_by_name():
+    (role,) = [o for o in render(None) if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-operator")]
+    gets = [rule for rule in role["rules"] if "customresourcedefinitions" in rule["resources"] and "get" in rule["verbs"]]
+    assert [sorted(rule.get("resourceNames", [])) for rule in gets] == [
+        sorted(crd["metadata"]["name"] for crd in crds().values())]
 
 
 def test_a_gitops_render_makes_no_secret_it_would_have_to_look_up():

@@ -1,6 +1,7 @@
 """The CRDs are generated from spec.py, are valid structural CustomResourceDefinitions, agree with the
 typed models on what they accept, and take every status the operator writes without pruning any of it."""
 
+import copy
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,7 +11,16 @@ import yaml
 from pydantic import ValidationError
 
 from tests.support.schemas import errors, structural_violations
-from tunewright_core.crds import DEFAULT_OUT, SCHEMA_DIGEST, crds, render, schema_digest, stale_crds
+from tunewright_core.crds import (
+    DEFAULT_OUT,
+    SCHEMA_DIGEST,
+    crds,
+    incompatible_crds,
+    missing_crds,
+    render,
+    schema_digest,
+    schema_gaps,
+)
 from tunewright_core.planner import calibration
 from tunewright_core.planner.hardware import LINKS, Pool
 from tunewright_core.planner.jobs import plan_job
@@ -52,32 +62,52 @@ def test_each_crd_carries_the_digest_of_its_spec_and_any_change_changes_it():
     assert len({crd["metadata"]["annotations"][SCHEMA_DIGEST] for crd in crds().values()}) == len(crds())
 
 
-def _as_installed(plural: str, digest: str | None | bool = True) -> list[dict]:
-    """Our CRD of that plural as a cluster holds it (annotations kubectl added beside ours): with this
-    release's digest (True), another one, none (None: a chart from before digests) or absent (False)."""
-    (crd,) = [c for c in crds().values() if c["spec"]["names"]["plural"] == plural]
-    if digest is False:
-        return []
-    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{}"}
-    if digest:
-        annotations[SCHEMA_DIGEST] = crd["metadata"]["annotations"][SCHEMA_DIGEST] if digest is True else digest
-    return [crd | {"metadata": crd["metadata"] | {"annotations": annotations}}]
+def _installed(digest: str | None, **status_changes) -> list[dict]:
+    """Our CRDs as a cluster holds them, the GPUPool's with `digest` (None: a chart from before digests) and
+    its status schema's properties changed (None removes one)."""
+    jobs, pools = copy.deepcopy(list(crds().values()))
+    pools["metadata"]["annotations"] = {SCHEMA_DIGEST: digest} if digest else {}
+    status = pools["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for name, schema in status_changes.items():
+        if schema is None:
+            del status[name]
+        else:
+            status[name] = schema
+    return [jobs, pools]
 
 
-JOBS_DIGEST, POOLS_DIGEST = (crd["metadata"]["annotations"][SCHEMA_DIGEST] for crd in crds().values())
+POOLS_DIGEST = crds()["tunewright.dev_gpupools.yaml"]["metadata"]["annotations"][SCHEMA_DIGEST]
+EFFICIENCY = "measuredEfficiency"
 
 
-@pytest.mark.parametrize(("jobs", "pools", "wrong"), [
-    (True, True, []),
-    (True, False, ["gpupools.tunewright.dev is not installed"]),
-    (True, None, [f"gpupools.tunewright.dev is another release's (schema digest none, this release's {POOLS_DIGEST})"]),
-    ("0123456789abcdef", True, ["finetunejobs.tunewright.dev is another release's (schema digest 0123456789abcdef, "
-                                f"this release's {JOBS_DIGEST})"]),
-    (False, None, ["finetunejobs.tunewright.dev is not installed",
-                   f"gpupools.tunewright.dev is another release's (schema digest none, this release's {POOLS_DIGEST})"]),
+@pytest.mark.parametrize(("installed", "wrong"), [
+    (_installed(POOLS_DIGEST), []),
+    (_installed(None), []),  # no digest, the same fields: it takes what this release writes
+    (_installed("sha256:0123456789abcdef", zone={"type": "string"}), []),  # a later release's, one field more
+    (_installed(None, **{EFFICIENCY: None}), [".status.measuredEfficiency: missing"]),
+    (_installed(None, nodes={"type": "string"}), [".status.nodes: type string, not integer"]),
+    (_installed(None, disagreements={"type": "array"}), [".status.disagreements[]: missing"]),
+    (_installed(None, **{EFFICIENCY: {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}), []),
 ])
-def test_stale_crds_names_each_crd_that_is_not_this_releases(jobs, pools, wrong):
-    assert stale_crds(_as_installed("finetunejobs", jobs) + _as_installed("gpupools", pools)) == wrong
+def test_crds_that_would_refuse_or_prune_what_this_release_writes_are_named_with_their_fields(installed, wrong):
+    found = incompatible_crds(installed)
+    if not wrong:
+        assert found == [] and missing_crds(installed) == []
+        return
+    (sentence,) = found
+    assert sentence == ("gpupools.tunewright.dev is another release's and would refuse or prune what this one writes "
+                        f"({'; '.join(wrong)})")
+
+
+def test_schema_gaps_reads_enumerations_and_maps():
+    ours = {"type": "object", "properties": {"phase": {"type": "string", "enum": ["a", "b"]},
+                                             "labels": {"type": "object", "additionalProperties": {"type": "string"}}}}
+    assert schema_gaps(ours, ours) == []
+    narrower = copy.deepcopy(ours)
+    narrower["properties"]["phase"]["enum"] = ["a"]
+    narrower["properties"]["labels"]["additionalProperties"] = {"type": "integer"}
+    assert schema_gaps(ours, narrower) == [".phase: allows only a", ".labels.*: type integer, not string"]
+    assert missing_crds(_installed(POOLS_DIGEST)[1:]) == ["finetunejobs.tunewright.dev"]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

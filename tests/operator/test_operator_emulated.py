@@ -188,13 +188,14 @@ def test_the_crd_refuses_a_bad_spec_naming_the_field(cluster, namespace):
     assert refused.value.status == 422 and "spec.method.type" in str(refused.value)
 
 
-def test_the_operator_stops_on_another_releases_crd_naming_the_fix(tmp_path):
-    """A cluster whose GPUPool CRD a chart from before schema digests installed (Helm never upgraded it): the
-    operator exits at startup, and its log names the CRD and the command that fixes it."""
+def test_the_operator_stops_on_an_earlier_releases_crd_naming_the_fields_and_the_fix(tmp_path):
+    """A cluster whose GPUPool CRD a chart from before measuredEfficiency installed (Helm never upgraded it):
+    the operator exits at startup, and its log names the CRD, the field and the command that fixes it."""
     installed = [crd_document(path) for path in sorted(CRDS.glob("*.yaml"))]
-    for crd in installed:
-        if crd["metadata"]["name"] == "gpupools.tunewright.dev":
-            del crd["metadata"]["annotations"][SCHEMA_DIGEST]
+    (pools,) = [crd for crd in installed if crd["metadata"]["name"] == "gpupools.tunewright.dev"]
+    del pools["metadata"]["annotations"][SCHEMA_DIGEST]
+    del pools["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
+        "measuredEfficiency"]
     server = FakeApiServer(list(resources()), installed=installed).start()
     operator = Operator(server.write_kubeconfig(tmp_path / "kubeconfig"), tmp_path / "operator.log")
     try:
@@ -203,9 +204,29 @@ def test_the_operator_stops_on_another_releases_crd_naming_the_fix(tmp_path):
         operator.stop()
         server.stop()
     log = operator.tail(400)
-    assert "gpupools.tunewright.dev is another release's (schema digest none" in log, log
-    assert "finetunejobs.tunewright.dev" not in log.split("schema digest none")[0][-200:], log  # that one is ours
-    assert "kubectl apply --server-side -f charts/tunewright/crds/" in log, log
+    assert ("failed permanently: gpupools.tunewright.dev is another release's and would refuse or prune what this "
+            "one writes (.status.measuredEfficiency: missing): apply this release's CRDs (`helm show crds CHART") in log
+    assert "| kubectl apply --server-side --force-conflicts -f -`" in log, log
+
+
+def test_gpupools_carry_no_finalizer_that_would_outlive_the_operator(cluster, operator):
+    """Discovery runs in one loop, not a kopf timer per pool (which needs a finalizer): a pool that still has
+    the finalizer from an earlier operator loses it, so deleting pools after the operator never hangs."""
+    older = copy.deepcopy(POOL)
+    older["metadata"] = {"name": "from-an-earlier-operator", "finalizers": ["tunewright.dev/cleanup"]}
+    older["spec"]["default"] = False  # the module's jobs keep one default pool
+    cluster.create(older)
+    for name in ("h100", "from-an-earlier-operator"):
+        wait_for(lambda n=name: (cluster.get("GPUPool", None, n).get("status") or {}).get("observedGeneration")
+                 and not cluster.get("GPUPool", None, n)["metadata"].get("finalizers"),
+                 what=f"GPUPool {name} discovered, with no finalizer", operator=operator)
+    operator.stop()  # as `helm uninstall` does, before it deletes the pools it made
+    try:
+        cluster.delete("GPUPool", None, "from-an-earlier-operator")
+        wait_for(lambda: cluster.get("GPUPool", None, "from-an-earlier-operator") is None,
+                 what="the pool deleted with no operator running")
+    finally:
+        operator.start()
 
 
 def test_an_operator_killed_at_every_write_ends_with_one_rayjob(tmp_path):
