@@ -55,9 +55,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def trainable_state(state: dict, what: str) -> dict:
+    """`state` (this rank's trainable parameters), refused when it holds none: saving or restoring nothing
+    would pass silently, and a resumed run would start from its first weights."""
+    if not state:
+        raise RuntimeError(f"{what}: the model has no trainable parameter (requires_grad is off on every weight), "
+                           f"so there is nothing to {what.split()[0]}")
+    return state
+
+
 def write_checkpoint(path: Path, model, optimizer, scheduler, trainer_state: dict, dist: Dist) -> None:
     """Every rank calls this (the sharded save is collective); `path` may be per-rank (Ray) or shared."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_TRAINABLE_ONLY)
+    trainable_state(model_sd, f"save checkpoint {path.name}")
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(path / "state"))
     torch.save(rng_state(), path / f"rng_rank{dist.rank:05d}.pt")
     if dist.is_main:
@@ -68,7 +78,7 @@ def write_checkpoint(path: Path, model, optimizer, scheduler, trainer_state: dic
 def read_checkpoint(path: Path, model, optimizer, scheduler, dist: Dist) -> dict:
     """Restore in place; returns the trainer state. Every rank calls this."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_TRAINABLE_ONLY)
-    state = {"model": model_sd, "optimizer": optim_sd}
+    state = {"model": trainable_state(model_sd, f"restore checkpoint {path.name}"), "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=str(path / "state"))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                    options=_LOAD_TRAINABLE)

@@ -34,8 +34,11 @@ def export_final(cfg: JobConfig, model, tokenizer, dist: Dist) -> ExportPaths:
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora)
     )
-    if not dist.is_main:
+    if not dist.is_main:  # (the whole state is gathered on rank 0 only)
         return ExportPaths()
+    if lora and not any("lora_" in name for name in state):  # PEFT would write an empty adapter file
+        raise RuntimeError("export: the adapter weights are not among the trainable parameters (requires_grad is "
+                           "off on them), so the adapter would be exported empty; nothing was written")
     generation = stopping_generation_config(cfg, model, tokenizer)
     tokenizer = tokenizer_for_export(cfg, tokenizer)
     final = Path(cfg.output_dir) / "final"

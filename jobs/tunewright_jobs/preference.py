@@ -229,7 +229,7 @@ def reference_copy(cfg: JobConfig, model, dist: Dist):
 
 class Reference:
     """The reference's log-probabilities, computed under no_grad: from a frozen copy, or from the policy with
-    its adapters switched off (PEFT's `disable_adapter`: the base it started from, and no second model)."""
+    its adapters switched off (the base it started from, and no second model)."""
 
     def __init__(self, policy, frozen):
         self.model = frozen if frozen is not None else policy
@@ -237,9 +237,27 @@ class Reference:
 
     @torch.no_grad()
     def logps(self, batch: dict) -> torch.Tensor:
-        off = self.model.disable_adapter() if self.adapters_off else contextlib.nullcontext()
-        with off:
+        with adapters_off(self.model) if self.adapters_off else contextlib.nullcontext():
             return sequence_logps(labelled_logits(self.model, batch), batch)
+
+
+@contextlib.contextmanager
+def adapters_off(model) -> Iterator[None]:
+    """The model's PEFT adapters switched off by their flag alone. PEFT's `disable_adapter` also sets and
+    restores requires_grad on the adapter weights, and under FSDP2 that reaches whichever copy of each weight
+    (sharded or gathered) is registered at the moment: the sharded ones could stay frozen, still stepped by
+    the optimizer but missing from every trainable-only state dict (checkpoints, the exported adapter)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    were = [layer._disable_adapters for layer in layers]
+    for layer in layers:
+        layer._disable_adapters = True
+    try:
+        yield
+    finally:
+        for layer, was in zip(layers, were, strict=True):
+            layer._disable_adapters = was
 
 
 def disable_dropout(model) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.jobs.conftest import make_config, metrics
@@ -318,11 +319,11 @@ def test_micro_batches_and_packing_give_one_batchs_loss_and_gradients(tiny_model
                                                          ("lora", "gpt2", "fsdp"), ("full", "llama", "fsdp")])
 def test_two_ranks_compute_what_one_does(tiny_models, tmp_path, method, kind, strategy):
     """Two gloo ranks under torchrun (LoRA's reference: the adapters off, on whole or sharded weights; full
-    fine-tuning's: a copy, whole on each DDP rank, sharded as the policy is under FSDP) against one process: the first two steps' loss,
-    gradient norm and rewards, and the evaluations."""
+    fine-tuning's: a copy, whole on each DDP rank, sharded as the policy is under FSDP) against one process: the
+    first two steps' loss, gradient norm and rewards, the evaluations, and the exported adapter or model."""
     train, validation = sentiment_pairs(16, seed=3, shape="openai"), sentiment_pairs(8, seed=4, shape="text")
     overrides = {"method": {"type": method}, "hyperparameters": {"max_steps": 2, "learning_rate": 1e-2},
-                 "strategy": {"micro_batch_size": 1}, "checkpoint": {"final": False}, "eval": {"max_batches": None}}
+                 "strategy": {"micro_batch_size": 1}, "eval": {"max_batches": None}}
     one = dpo_config(tiny_models[kind], tmp_path / "one", train, validation, **overrides)
     two = dpo_config(tiny_models[kind], tmp_path / "two", train, validation,
                      **{**overrides, "strategy": {"type": strategy, "num_workers": 2, "micro_batch_size": 1}})
@@ -338,6 +339,11 @@ def test_two_ranks_compute_what_one_does(tiny_models, tmp_path, method, kind, st
     for name in ("eval_before", "eval_after"):
         scores = {key: value for key, value in alone[name].items() if value is not None}  # no exact match
         assert {key: together[name][key] for key in scores} == pytest.approx(scores, rel=1e-4, abs=1e-6)
+    folder = "adapter" if method == "lora" else "model"
+    exported = [load_file(next(Path(run["export"][folder]).glob("*.safetensors"))) for run in (alone, together)]
+    assert exported[0] and sorted(exported[1]) == sorted(exported[0])  # an adapter exported whole, not empty
+    for name, tensor in exported[0].items():
+        torch.testing.assert_close(exported[1][name], tensor, rtol=1e-4, atol=1e-6)
 
 
 # --- a run -------------------------------------------------------------------------------------------------
