@@ -15,7 +15,7 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tunewright_core.spec import error_message
+from tunewright_core.spec import described_errors
 
 log = logging.getLogger(__name__)
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -65,15 +65,14 @@ def install(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":  # its loc is a character position, not a field
             return envelope(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'malformed')} "
                                  f"(character {first['loc'][-1]})", None, "invalid_json")
-        loc = [str(p) for p in first["loc"] if p not in ("body", "query", "path", "header")]
-        param = ".".join(loc) or None
         body = body_model(request)
-
-        def said(error) -> str:  # an unknown key of the body names the keys it is closest to
-            return error_message(error, body, error["loc"][1:]) if body and error["loc"][0] == "body" else error["msg"]
-
-        messages = ["{}: {}".format(".".join(str(p) for p in e["loc"][1:]) or "body", said(e)) for e in exc.errors()]
-        return envelope(surface_status(request.url.path, 422), "; ".join(messages), param, "invalid_value")
+        if body is not None and all(e["loc"][:1] == ("body",) for e in exc.errors()):
+            said = described_errors(exc.errors(), body, skip=1)  # one per field, each named as it was written
+        else:  # a query's or a path's (or a body FastAPI reads as several)
+            said = [(".".join(str(p) for p in e["loc"][1:]), e["msg"]) for e in exc.errors()]
+        messages = [f"{where or 'body'}: {what}" for where, what in said]
+        return envelope(surface_status(request.url.path, 422), "; ".join(messages), said[0][0] or None,
+                        "invalid_value")
 
     @app.exception_handler(SQLAlchemyTimeoutError)
     async def _busy(_: Request, exc: SQLAlchemyTimeoutError):

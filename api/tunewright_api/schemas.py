@@ -324,6 +324,10 @@ class EvaluationPoint(CamelModel):
     val_token_accuracy: float | None
     exact_match: float | None = Field(description="Share of greedy answers matching the reference (with "
                                                   "evaluation.exactMatch).")
+    preference_accuracy: float | None = Field(default=None, description="dpo: share of held-out pairs whose "
+                                                                      "chosen answer the policy ranks above the rejected.")
+    reward_margin: float | None = Field(default=None, description="dpo: mean chosen reward minus rejected reward "
+                                                                "(beta x log-ratio to the reference).")
 
 
 class JobTelemetryReport(NativeAnswer):
@@ -346,6 +350,8 @@ class JobTelemetryReport(NativeAnswer):
 class OpenAIHyperparameters(BaseModel):
     """OpenAI's hyperparameters: asked for ("auto": tunewright chooses), and answered as chosen."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, not ignored
+
     n_epochs: int | Literal["auto"] = "auto"
     batch_size: int | Literal["auto"] = Field(default="auto", description="Examples per optimizer step (dpo: "
                                                                          "preference pairs).")
@@ -365,11 +371,15 @@ class OpenAIDpoHyperparameters(OpenAIHyperparameters):
 class Supervised(BaseModel):
     """OpenAI's supervised method: its hyperparameters."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, not ignored
+
     hyperparameters: OpenAIHyperparameters = Field(default_factory=OpenAIHyperparameters)
 
 
 class Dpo(BaseModel):
     """OpenAI's DPO method (Direct Preference Optimization): its hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, not ignored
 
     hyperparameters: OpenAIDpoHyperparameters = Field(default_factory=OpenAIDpoHyperparameters)
 
@@ -379,6 +389,7 @@ class Method(BaseModel):
     present). supervised is the spec's method.objective sft, dpo its dpo (on preference pairs); LoRA or full
     fine-tuning, either way, is tunewright's `method_type`."""
 
+    model_config = ConfigDict(extra="forbid")
     type: Literal["supervised", "dpo"] = "supervised"
     supervised: Supervised | None = Field(default=None, description="With type supervised.")
     dpo: Dpo | None = Field(default=None, description="With type dpo.")

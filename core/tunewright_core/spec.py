@@ -9,6 +9,7 @@ enumerations and defaults below are the only place they are spelled.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import UnionType
@@ -71,6 +72,93 @@ def error_message(error: Mapping[str, Any], model: type[BaseModel], loc: Sequenc
         return f"unknown key; did you mean {' or '.join(close)}?"
     keys = list(wire_names.values())
     return f"unknown key; the keys here are: {', '.join(keys[:12])}{', ...' if len(keys) > 12 else ''}"
+
+
+_NAMED_FIELD = re.compile(r"^([A-Za-z][\w]*(?:\.[A-Za-z][\w]*)*): (.+)$", re.DOTALL)
+_BOUNDS = {"gt": "more than {}", "ge": "at least {}", "lt": "less than {}", "le": "at most {}"}
+
+
+def described_errors(errors: Sequence[Mapping[str, Any]], model: type[BaseModel], skip: int = 0
+                     ) -> list[tuple[str, str]]:
+    """A ValidationError's errors for `model` as a person reads them: (where, what), where the wire path of the
+    field (empty: the whole document). One per field: a value fitting none of a union's kinds is one error
+    naming them all (pydantic's kinds left out of the path); a rule over several fields that names its field
+    first ("dataset.format: ...") placed at that field; pydantic's "Value error, " prefix dropped; a number out
+    of bounds given its allowed range and default; an unknown key its did-you-mean. `skip`: leading parts of
+    each location outside `model` (a request's "body")."""
+    merged: dict[tuple, list[str]] = {}
+    hints: dict[tuple, str] = {}
+    for error in errors:
+        loc = _written(model, error["loc"][skip:])
+        message = error_message(error, model, loc).removeprefix("Value error, ")
+        if not loc and (named := _NAMED_FIELD.match(message)):
+            loc, message = tuple(named.group(1).split(".")), named.group(2)
+        if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            hints[loc] = _allowed(model, loc)
+        said = merged.setdefault(loc, [])
+        if message not in said:
+            said.append(message)
+    return [(".".join(map(str, loc)), _either(said) + hints.get(loc, "")) for loc, said in merged.items()]
+
+
+def _written(annotation: Any, loc: Sequence[str | int]) -> tuple:
+    """An error's location without pydantic's names for the members of a union ("constrained-float",
+    "literal['auto']"): the path of keys and indexes as written."""
+    written: list[str | int] = []
+    rest = list(loc)
+    while rest:
+        origin, args = get_origin(annotation), get_args(annotation)
+        if origin is Annotated:
+            annotation = args[0]
+            continue
+        if origin in (Union, UnionType):
+            members = [arg for arg in args if arg is not type(None)]
+            if len(members) > 1:  # pydantic names the member each error is of: not a key
+                rest.pop(0)
+                members = [m for m in members if _model_at(m, rest[:1]) is not None or get_origin(m) in (list, dict)]
+            annotation = members[0] if members else Any
+            continue
+        step = rest.pop(0)
+        written.append(step)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = next((f for name, f in annotation.model_fields.items() if step in (name, f.alias)), None)
+            annotation = field.annotation if field is not None else Any
+        else:  # a list's index or a dict's key, or deeper than the model says
+            annotation = args[-1] if origin in (list, dict) else Any
+    return tuple(written)
+
+
+def _either(messages: list[str]) -> str:
+    """Messages for one field, one per kind of value it could have been, as one sentence."""
+    prefix = "Input should be "
+    if len(messages) > 1 and all(m.startswith(prefix) for m in messages):
+        return prefix + " or ".join(m.removeprefix(prefix) for m in messages)
+    return "; or ".join(messages)
+
+
+def _allowed(model: type[BaseModel], loc: tuple) -> str:
+    """" (allowed: more than 0, at most 100; default 0.1)" for the numeric field at `loc` in `model`."""
+    parent = _model_at(model, loc[:-1]) if loc else None
+    field = next((f for name, f in parent.model_fields.items() if loc[-1] in (name, f.alias)), None) if parent else None
+    if field is None:
+        return ""
+    bounds = [constraint for constraint in _constraints(field.annotation, field.metadata)]
+    said = ", ".join(_BOUNDS[kind].format(value) for kind, value in bounds)
+    default = "" if field.is_required() or field.default is None else f"; default {field.default}"
+    return f" (allowed: {said}{default})" if said else ""
+
+
+def _constraints(annotation: Any, metadata: Sequence[Any]) -> list[tuple[str, Any]]:
+    """The numeric bounds (gt, ge, lt, le) on a field, from its own metadata or a member of its union."""
+    found = [(kind, getattr(item, kind)) for item in metadata for kind in _BOUNDS if getattr(item, kind, None) is not None]
+    if found:
+        return found
+    for arg in get_args(annotation):
+        inner = get_args(arg)
+        if get_origin(arg) is Annotated and (found := _constraints(inner[0], [
+                m for item in inner[1:] for m in (getattr(item, "metadata", None) or [item])])):
+            return found
+    return []
 
 
 def _model_at(annotation: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
@@ -300,8 +388,9 @@ class FineTuneJobSpec(CamelModel):
         """dpo trains on preference pairs and nothing else does (crds.CEL_RULES says the same to the API server)."""
         dpo, pairs = self.method.objective == "dpo", self.dataset.format == PREFERENCE_FORMAT
         if dpo and not pairs:
+            given = "" if "format" in self.dataset.model_fields_set else ", the default where it is not given"
             raise ValueError(f"dataset.format: method.objective dpo trains on preference pairs: set dataset.format "
-                             f"to preference (not {self.dataset.format})")
+                             f"to preference (not {self.dataset.format}{given})")
         if pairs and not dpo:
             raise ValueError(f"method.objective: dataset.format preference holds preference pairs, which only "
                              f"objective dpo trains on: set method.objective to dpo (not {self.method.objective})")

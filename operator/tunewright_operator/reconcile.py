@@ -40,7 +40,7 @@ from tunewright_core.spec import (
     JobPlan,
     JobProgress,
     JobTelemetry,
-    error_message,
+    described_errors,
 )
 from tunewright_core.status import (
     CONDITION_OF_PHASE,
@@ -111,9 +111,8 @@ def reconcile(job: dict, cluster: Cluster, settings: manifests.ClusterSettings, 
     try:
         spec = FineTuneJobSpec.model_validate(job.get("spec") or {})
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        return settle(Observation("Failed", "InvalidSpec", f"spec.{field}: {error_message(first, FineTuneJobSpec)}"))
+        where, what = described_errors(err.errors(), FineTuneJobSpec)[0]
+        return settle(Observation("Failed", "InvalidSpec", f"spec{'.' if where else ''}{where}: {what}"))
 
     ray_job = cluster.get("RayJob", namespace, manifests.ray_job_name(target))
     plan = status.plan

@@ -627,8 +627,9 @@ def test_telemetry_and_diagnosis_of_a_job_from_its_records(server, tiny_models, 
                                   "waitSecondsPerStep": 0.008, "transferSecondsPerStep": 0.012, "slowestRank": 1,
                                   "rankOwnSeconds": {"min": 0.08, "median": 0.085, "max": 0.099}}]
     assert [p["smActive"] for p in telemetry["series"]] == [None] * 9 + [0.62]
-    assert telemetry["evaluations"] == [{"step": 0, "valLoss": 3.0, "valTokenAccuracy": 0.0, "exactMatch": None},
-                                        {"step": 10, "valLoss": 1.0, "valTokenAccuracy": 0.5, "exactMatch": None}]
+    none = {"exactMatch": None, "preferenceAccuracy": None, "rewardMargin": None}  # (the last two: dpo's)
+    assert telemetry["evaluations"] == [{"step": 0, "valLoss": 3.0, "valTokenAccuracy": 0.0, **none},
+                                        {"step": 10, "valLoss": 1.0, "valTokenAccuracy": 0.5, **none}]
     latest = telemetry["latest"]
     assert latest["commShare"] == 0.2 and latest["gpuBusyShare"] == 0.9
     assert (latest["smActive"], latest["tensorActive"], latest["dramBandwidth"], latest["kernelActive"]) == \

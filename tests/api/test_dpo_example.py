@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from safetensors.torch import load_file
 
 from tests.api.conftest import wait_for
 from tunewright_api.cli import main
+from tunewright_api.cli.render import evaluation
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "local" / "dpo" / "dpo-lora.yaml"
@@ -32,3 +34,8 @@ def test_the_local_dpo_example_runs(server, tiny_models, tmp_path, monkeypatch, 
     assert done["spec"]["method"]["objective"] == spec["method"]["objective"] == "dpo"
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all("rewardMargin" in m and "preferenceAccuracy" in m for m in metrics), metrics[-1]
+    # the adapter it exports holds the trained weights (DDP on the local pool exported an empty one once)
+    adapter = load_file(Path(done["result"]["export"]["adapter"]) / "adapter_model.safetensors")
+    assert adapter and all(".lora_" in name for name in adapter)
+    said = dict(evaluation(done["result"]))  # `tunewright get` and the run's summary: dpo's own scores
+    assert said["preference accuracy"].count("%") == 2 and "reward margin" in said, said

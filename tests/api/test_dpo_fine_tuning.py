@@ -125,7 +125,11 @@ def test_fine_tuning_supervised_is_sft_and_answered_as_before(api, tiny_models):
     ("pairs", None, "method.type", "holds preference pairs"),
     ("pairs", {"type": "reinforcement"}, "method.type", "'supervised' or 'dpo'"),
     ("pairs", {"type": "dpo", "supervised": {}}, "method", "supervised is given but type is dpo"),
-    ("pairs", {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}, "method.dpo.hyperparameters.beta", "greater"),
+    ("pairs", {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}, "method.dpo.hyperparameters.beta",
+     "method.dpo.hyperparameters.beta: Input should be greater than 0 or 'auto' (allowed: more than 0, at most 100; "
+     "default auto)"),
+    ("pairs", {"type": "dpo", "dpo": {"hyperparameters": {"betta": 0.1}}}, "method.dpo.hyperparameters.betta",
+     "did you mean beta?"),  # a misspelt key inside method is refused, not run with the default
 ])
 def test_fine_tuning_refuses_a_method_its_file_does_not_fit(api, tiny_models, file, method, param, said):
     alice = api.tenant("alice")
@@ -161,6 +165,12 @@ def test_the_spec_route_takes_dpo_and_says_the_rule_it_breaks(api, tiny_models):
     dpo_on_chat = alice.post("/v1/jobs", json=chat_spec)
     assert dpo_on_chat.status_code == 422 and "dataset.format: method.objective dpo trains on preference pairs" in \
         dpo_on_chat.json()["error"]["message"]
+    unset = native_spec(tiny_models["gpt2"], pairs, objective="dpo")
+    del unset["dataset"]["format"]
+    refused = alice.post("/v1/jobs", json=unset).json()["error"]
+    assert refused["param"] == "dataset.format" and refused["message"] == (
+        "dataset.format: method.objective dpo trains on preference pairs: set dataset.format to preference (not "
+        "chat, the default where it is not given)")
 
 
 def test_the_spec_routes_reference_model_is_checked_as_model_source_is(api, tiny_models, tmp_path):

@@ -76,15 +76,16 @@ def step(n: int) -> dict:
             "forward_backward_seconds": 0.08, "optimizer_seconds": 0.02}
 
 
-def results_of(tmp_path, records: list[dict]) -> list[dict]:
-    """The results file (OpenAI's `result_files`) of a job that sent `records`, as rows."""
+def results_of(tmp_path, records: list[dict], spec: dict | None = None) -> list[dict]:
+    """The results file (OpenAI's `result_files`) of a job (of `spec`) that sent `records`, as rows."""
     engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     migrate(engine)
     accepted, rejected = parse_records(records)
     assert not rejected
     with Session(engine) as session:
         tenant_id = issue_token(session, "alice")[0].id
-        job = Job(tenant_id=tenant_id, model="m", spec={}, status="running", telemetry_token_hash=hash_token("t"))
+        job = Job(tenant_id=tenant_id, model="m", spec=spec or {}, status="running",
+                  telemetry_token_hash=hash_token("t"))
         session.add(job)
         session.commit()
         service.ingest(session=session, job=job, records=accepted, data_dir=tmp_path)
@@ -148,3 +149,21 @@ def test_a_batch_the_data_cannot_fill_is_refused_plainly(hyper, expected):
     with pytest.raises(ValueError) as refused:
         sized_for_data(spec, examples=150, characters=150 * 240, longest_characters=400)
     assert str(refused.value) == expected
+
+
+def test_a_dpo_jobs_results_file_carries_its_rewards(tmp_path):
+    """Training rewards on every step's row, validation ones on each evaluated step's (a sft job's file has
+    neither column: test above)."""
+    rewards = {"reward_margin": 0.5, "preference_accuracy": 0.75, "chosen_reward": 0.3, "rejected_reward": -0.2}
+    scores = {"val_loss": 0.6, "val_token_accuracy": 0.2, "preference_accuracy": 0.875, "reward_margin": 0.9}
+    end = {"event": "end", "step": 2, "steps": 2, "final_loss": 0.6, "eval_before": None, "eval_after": scores,
+           "export": {}, "strategy": "ddp", "workers": 1, "resumed_from_step": 0}
+    rows = results_of(tmp_path, [{"event": "start", "step": 0, "total_steps": 2}, {**step(1), **rewards},
+                                 {**step(2), **rewards}, {"event": "eval", "step": 2, **scores}, end],
+                      spec={"method": {"objective": "dpo"}})
+    assert list(rows[0])[-4:] == ["train_reward_margin", "train_preference_accuracy", "valid_reward_margin",
+                                  "valid_preference_accuracy"]
+    by_step = {int(r["step"]): r for r in rows}
+    assert (by_step[1]["train_reward_margin"], by_step[1]["train_preference_accuracy"],
+            by_step[1]["valid_reward_margin"]) == ("0.5", "0.75", "")
+    assert (by_step[2]["valid_reward_margin"], by_step[2]["valid_preference_accuracy"]) == ("0.9", "0.875")

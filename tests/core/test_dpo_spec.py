@@ -40,7 +40,8 @@ def test_the_objective_is_orthogonal_to_lora_or_full(method_type):
 
 
 @pytest.mark.parametrize(("spec", "field", "fix"), [
-    ({**SFT, "method": {"objective": "dpo"}}, "dataset.format", "set dataset.format to preference (not chat)"),
+    ({**SFT, "method": {"objective": "dpo"}}, "dataset.format",
+     "set dataset.format to preference (not chat, the default where it is not given)"),
     ({**SFT, "method": {"objective": "dpo"}, "dataset": {"train": "f", "format": "prompt_completion"}},
      "dataset.format", "(not prompt_completion)"),
     ({**SFT, "dataset": {"train": "f", "format": "preference"}}, "method.objective",

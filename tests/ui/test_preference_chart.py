@@ -28,7 +28,11 @@ def step(n: int, **extra) -> dict:
 DPO_RECORDS = [{"event": "start", "step": 0, "total_steps": 4},
                *(step(n, reward_margin=MARGINS[n], preference_accuracy=ACCURACY[n],
                       chosen_reward=MARGINS[n] / 2, rejected_reward=-MARGINS[n] / 2) for n in MARGINS),
-               {"event": "end", "step": 4, "steps": 4, "final_loss": 0.17, "eval_before": None, "eval_after": None}]
+               {"event": "end", "step": 4, "steps": 4, "final_loss": 0.17,
+                "eval_before": {"val_loss": 0.6931, "val_token_accuracy": 0.1, "preference_accuracy": 0.0,
+                                "reward_margin": 0.0},
+                "eval_after": {"val_loss": 0.25, "val_token_accuracy": 0.2, "preference_accuracy": 0.875,
+                               "reward_margin": 1.5}}]
 SFT_RECORDS = [{"event": "start", "step": 0, "total_steps": 4}, *(step(n) for n in MARGINS),
                {"event": "end", "step": 4, "steps": 4, "final_loss": 0.17, "eval_before": None, "eval_after": None}]
 DPO_SPEC = {"model": {"source": "org/tiny-model"}, "method": {"type": "lora", "objective": "dpo",
@@ -92,6 +96,11 @@ def test_a_dpo_jobs_page_charts_its_reward_margin_and_preference_accuracy(api, b
     assert "preference accuracy (pairs whose chosen answer has the higher reward) 50.0% → 100.0%" in summary
     assert "over 4 logged steps" in summary
     assert "LoRA r8 · DPO β 0.2" in browser.text(".facts")
+    rows = browser.js("return [...document.querySelectorAll('#evaluation-table tbody tr')]"
+                      ".map(r => [...r.cells].map(c => c.innerText))")
+    assert rows[:3] == [["Validation loss", "0.693", "0.250", "−0.443"],
+                        ["Preference accuracy", "0.0%", "87.5%", "+87.5 points"],
+                        ["Reward margin", "0.00", "1.500", "+1.500"]], rows
     browser.screenshot("job-page-preference.png", full_page=True)
     assert browser.console_errors() == []
 

@@ -111,8 +111,9 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
         raise ApiError(422, "hsdp needs several nodes; the local pool is one machine", "resources.strategy",
                        "invalid_value")
     batch = spec.hyperparameters.sequences_per_step
+    unit = "preference pairs" if spec.method.objective == "dpo" else "sequences"  # dpo's batch counts pairs
     if batch % workers:
-        raise ApiError(422, f"a global batch of {batch} sequences does not divide over {workers} workers",
+        raise ApiError(422, f"a global batch of {batch} {unit} does not divide over {workers} workers",
                        "hyperparameters.globalBatchSize", "invalid_value")
     per_worker = batch // workers
     micro = max(m for m in range(1, min(per_worker, MAX_CPU_MICRO_BATCH) + 1) if per_worker % m == 0)
@@ -128,7 +129,8 @@ def cpu_plan(spec: FineTuneJobSpec, workers: int) -> JobPlan:
     # bf16 weights and moments where the spec asks for them; auto keeps fp32 masters, as for the base above
     light = spec.method.type == "full" and spec.hyperparameters.optimizer_state == "bf16"
     why = (f"local pool: {strategy} on {workers} CPU worker{'s' if workers > 1 else ''} (Ray, gloo), micro-batch "
-           f"{micro} x {per_worker // micro} accumulation = {batch} sequences per step"
+           f"{micro} x {per_worker // micro} accumulation{f' x {workers} workers' if workers > 1 else ''} = {batch} "
+           f"{unit} per step"
            f"{', the base in 4-bit NF4 (QLoRA)' if nf4 else ''}"
            f"{', bf16 weights and moments (stochastic rounding)' if light else ''}")
     return JobPlan(pool=POOL, device="cpu", strategy=strategy, workers=workers, gpus=0, micro_batch=micro,

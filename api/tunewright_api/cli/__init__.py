@@ -143,14 +143,13 @@ def checked_spec(spec: dict, where: str) -> dict:
     before anything is started."""
     from pydantic import ValidationError
 
-    from tunewright_core.spec import FineTuneJobSpec, error_message
+    from tunewright_core.spec import FineTuneJobSpec, described_errors
 
     try:
         FineTuneJobSpec.model_validate(spec)
         return with_local_paths_checked(spec)
     except ValidationError as err:
-        said = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {error_message(e, FineTuneJobSpec)}"
-                         for e in err.errors())
+        said = "; ".join(f"{where or 'spec'}: {what}" for where, what in described_errors(err.errors(), FineTuneJobSpec))
     except RequestFailed as err:
         said = str(err)
     raise SystemExit(f"{where}: {said}")

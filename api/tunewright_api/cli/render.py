@@ -148,8 +148,10 @@ def progress_line(job: dict) -> str:
 
 
 # what a run's evaluation measured: (label, field of `evalBefore` and `evalAfter`, format)
-EVALUATED = (("validation loss", "valLoss", "{:.4f}"), ("token accuracy", "valTokenAccuracy", "{:.1%}"),
-             ("exact match", "exactMatch", "{:.1%}"))
+EVALUATED = (("validation loss", "valLoss", "{:.4f}"),
+             ("preference accuracy", "preferenceAccuracy", "{:.1%}"),  # dpo: held-out pairs ranked right
+             ("reward margin", "rewardMargin", "{:+.3f}"),  # dpo: chosen minus rejected reward, mean
+             ("token accuracy", "valTokenAccuracy", "{:.1%}"), ("exact match", "exactMatch", "{:.1%}"))
 
 
 def evaluation(result: dict | None) -> list[tuple[str, str]]:
@@ -280,7 +282,8 @@ def events_table(events: list[dict]) -> str:
 
 def metrics_table(points: list[dict]) -> str:
     headers = {"step": "STEP", "loss": "LOSS", "learningRate": "LEARNING_RATE", "gradNorm": "GRAD_NORM",
-               "tokensPerSecond": "TOKENS_PER_SECOND", "stepSeconds": "STEP_SECONDS"}
+               "tokensPerSecond": "TOKENS_PER_SECOND", "stepSeconds": "STEP_SECONDS",
+               "rewardMargin": "REWARD_MARGIN", "preferenceAccuracy": "PREFERENCE_ACCURACY"}  # (the last two: dpo)
     shown = [k for k in headers if any(k in p for p in points)]
 
     def cell(value):

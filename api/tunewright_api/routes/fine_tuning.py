@@ -49,6 +49,7 @@ from tunewright_core.spec import (
     MethodType,
     Printable,
     Strategy,
+    described_errors,
 )
 
 router = APIRouter(prefix="/v1/fine_tuning/jobs", tags=["fine_tuning (OpenAI-compatible)"])
@@ -136,8 +137,8 @@ def to_spec(body: FineTuningJobCreate, dataset_format: str) -> FineTuneJobSpec:
     try:
         return FineTuneJobSpec.model_validate(spec)
     except ValidationError as err:
-        first = err.errors()[0]
-        raise ApiError(422, first["msg"], ".".join(str(p) for p in first["loc"]), "invalid_value") from None
+        where, what = described_errors(err.errors(), FineTuneJobSpec)[0]
+        raise ApiError(422, what, where or None, "invalid_value") from None
 
 
 def fine_tuned_model_name(job: Job) -> str:

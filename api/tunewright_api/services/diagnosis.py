@@ -121,7 +121,9 @@ def job_telemetry(*, session: Session, tenant: Tenant, job_id: str) -> JobTeleme
             for e in windows if e.data and "comm_share" in e.data]
     evaluations = [EvaluationPoint(step=e.data["step"], val_loss=e.data["val_loss"],
                                    val_token_accuracy=e.data.get("val_token_accuracy"),
-                                   exact_match=e.data.get("exact_match"))
+                                   exact_match=e.data.get("exact_match"),
+                                   preference_accuracy=e.data.get("preference_accuracy"),
+                                   reward_margin=e.data.get("reward_margin"))
                    for e in windows if e.data and "val_loss" in e.data]
     return JobTelemetryReport(job_id=job.id, status=job.status, predicted=predicted, latest=latest, series=series,
                               comm=comm, evaluations=evaluations)

@@ -254,15 +254,22 @@ RESULT_COLUMNS = ("step", "train_loss", "valid_loss", "valid_token_accuracy", "l
                   "valid_mean_token_accuracy", "valid_exact_match")
 EVALUATION_COLUMNS = (("val_loss", ("valid_loss",)),
                       ("val_token_accuracy", ("valid_token_accuracy", "valid_mean_token_accuracy")),
-                      ("exact_match", ("valid_exact_match",)))
+                      ("exact_match", ("valid_exact_match",)),
+                      ("reward_margin", ("valid_reward_margin",)),
+                      ("preference_accuracy", ("valid_preference_accuracy",)))
+# a dpo job's file adds its training and validation rewards: (column, what a step's metrics call it)
+DPO_COLUMNS = (("train_reward_margin", "reward_margin"), ("train_preference_accuracy", "preference_accuracy"),
+               ("valid_reward_margin", None), ("valid_preference_accuracy", None))
 
 
 def write_results_file(*, session: Session, job: Job, data_dir: Path) -> StoredFile:
     """The job's metrics as a CSV file of its tenant's (OpenAI's results file): one row per kept step, with the
     validation figures at each step that was evaluated (step 0 is the evaluation before training, the last step
     the one after it). Written whole, then moved into place; one per job."""
+    dpo = (job.spec.get("method") or {}).get("objective") == "dpo"
     rows = {p.step: {"step": p.step, "train_loss": p.data.get("loss"), "learning_rate": p.data.get("learning_rate"),
-                     "tokens_per_second": p.data.get("tokens_per_second")}
+                     "tokens_per_second": p.data.get("tokens_per_second"),
+                     **({column: p.data.get(key) for column, key in DPO_COLUMNS if key} if dpo else {})}
             for p in session.exec(select(MetricPoint).where(MetricPoint.job_id == job.id)).all()}
     for step, scores in evaluations_of(session, job).items():
         row = rows.setdefault(step, {"step": step})
@@ -270,7 +277,8 @@ def write_results_file(*, session: Session, job: Job, data_dir: Path) -> StoredF
             if scores.get(measured) is not None:
                 row.update(dict.fromkeys(named, scores[measured]))
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=RESULT_COLUMNS, restval="", lineterminator="\n")
+    columns = RESULT_COLUMNS + tuple(column for column, _ in DPO_COLUMNS) if dpo else RESULT_COLUMNS
+    writer = csv.DictWriter(text, fieldnames=columns, restval="", extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows[step] for step in sorted(rows))
     content = text.getvalue().encode()

@@ -652,6 +652,8 @@ function jobPage(jobId) {
     const points = (v) => `${v >= 0 ? "+" : "−"}${Math.abs(v * 100).toFixed(1)} points`;
     const rows = [
       ["Validation loss", "valLoss", fmtLoss, (v) => `${v >= 0 ? "+" : "−"}${fmtLoss(Math.abs(v))}`],
+      ["Preference accuracy", "preferenceAccuracy", fmtPct, points],  // dpo: held-out pairs ranked right
+      ["Reward margin", "rewardMargin", fmtLoss, (v) => `${v >= 0 ? "+" : "−"}${fmtLoss(Math.abs(v))}`],  // dpo
       ["Token accuracy", "valTokenAccuracy", fmtPct, points],
       [isNum(examples) ? `Exact match (${fmtInt(examples)} examples)` : "Exact match", "exactMatch", fmtPct, points],
     ].filter(([, key]) => isNum(before?.[key]) || isNum(after?.[key]));
