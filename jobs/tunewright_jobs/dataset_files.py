@@ -20,6 +20,8 @@ class DatasetError(ValueError):
 
 
 def _check_messages(messages, where: str, roles: set[str] = CHAT_ROLES) -> str | None:
+    if messages is None:
+        return f'"{where}" is missing'
     if not isinstance(messages, list) or not messages:
         return f'"{where}" must be a non-empty list'
     for i, msg in enumerate(messages):
@@ -61,10 +63,21 @@ PREFERENCE_KEYS = ("prompt", "chosen", "rejected")
 def _check_answer(record: dict, key: str, conversational: bool) -> str | None:
     """A preferred or rejected answer: text, or (after a prompt of messages) assistant messages."""
     answer = record.get(key)
+    if answer is None:
+        return f'"{key}" is missing'
     if isinstance(answer, list) and conversational:
         return _check_messages(answer, key, {"assistant"})
+    if isinstance(answer, list):
+        return f'"{key}" is a list of messages, which needs "prompt" as a list of messages too (or "{key}" as text)'
     if not isinstance(answer, str) or not answer:
         return f'"{key}" must be a non-empty string' + (" or a list of assistant messages" if conversational else "")
+    return None
+
+
+def _same_answers(preferred, rejected, keys: tuple[str, str]) -> str | None:
+    """A pair whose two answers are the same teaches nothing (its loss is log 2 and its gradient zero)."""
+    if preferred == rejected:
+        return f'"{keys[0]}" and "{keys[1]}" are the same answer: a preference pair needs two different ones'
     return None
 
 
@@ -77,7 +90,8 @@ def _check_preference(record: dict) -> str | None:
         if problem := _check_messages(prompt.get("messages"), "input.messages"):
             return problem
         return next(filter(None, (_check_messages(record.get(key), key, {"assistant"})
-                                  for key in OPENAI_PREFERENCE_KEYS[1:])), None)
+                                  for key in OPENAI_PREFERENCE_KEYS[1:])), None) or _same_answers(
+            record["preferred_output"], record["non_preferred_output"], OPENAI_PREFERENCE_KEYS[1:])
     if not any(key in record for key in PREFERENCE_KEYS):
         return ('a preference pair needs "input", "preferred_output" and "non_preferred_output" (OpenAI\'s shape) '
                 'or "prompt", "chosen" and "rejected"')
@@ -88,7 +102,8 @@ def _check_preference(record: dict) -> str | None:
             return problem
     elif not isinstance(prompt, str):
         return '"prompt" must be a string or a list of messages'
-    return next(filter(None, (_check_answer(record, key, conversational) for key in PREFERENCE_KEYS[1:])), None)
+    return next(filter(None, (_check_answer(record, key, conversational) for key in PREFERENCE_KEYS[1:])), None) \
+        or _same_answers(record["chosen"], record["rejected"], PREFERENCE_KEYS[1:])
 
 
 _CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text,

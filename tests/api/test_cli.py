@@ -120,10 +120,12 @@ def test_lists_say_when_they_are_empty_and_plans_name_the_flag(server, user, tmp
     assert json.loads(out) == []
     code, out, _ = run(capsys, "--url", server.url, "--token", ADMIN, "pools", "create", "h100x8", "--gpu", "H100",
                        "--gpus-per-node", "8", "--max-nodes", "2", "--intra-node", "nvlink4", "--inter-node",
-                       "ib-8x400g", "--price", "2.5")
+                       "ib-8x400g", "--price", "2.5", "--host-memory-gib", "2048")
     assert code == 0 and "h100x8" in out and "nvlink4 / ib-8x400g" in out
     code, out, _ = run(capsys, *user, "pools", "get", "h100x8")
     assert code == 0 and "$2.50" in out
+    code, out, _ = run(capsys, *user, "pools", "get", "h100x8", "-o", "json")  # -o after the command as well
+    assert code == 0 and json.loads(out)["hostMemoryGiB"] == 2048 and json.loads(out)["learnLinks"] is False
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps({"model": {"source": "meta-llama/Llama-3.1-8B-Instruct"},
                                 "dataset": {"train": "file-" + "0" * 24}}))

@@ -113,11 +113,12 @@ def test_a_pairs_text_is_its_prompt_and_both_answers(tmp_path, record):
 
 
 @pytest.mark.parametrize(("lines", "expected"), [
-    ([{"prompt": "a", "chosen": "b"}], 'pairs.jsonl:1: "rejected" must be a non-empty string'),
+    ([{"prompt": "a", "chosen": "b"}], 'pairs.jsonl:1: "rejected" is missing'),
     ([{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "", "rejected": "c"}],
      'pairs.jsonl:2: "chosen" must be a non-empty string'),
     ([{"prompt": "a", "chosen": [{"role": "assistant", "content": "b"}], "rejected": "c"}],
-     'pairs.jsonl:1: "chosen" must be a non-empty string'),  # messages after a text prompt
+     'pairs.jsonl:1: "chosen" is a list of messages, which needs "prompt" as a list of messages too (or "chosen" '
+     'as text)'),  # messages after a text prompt
     ([{"prompt": [{"role": "user", "content": "a"}], "chosen": [{"role": "user", "content": "b"}], "rejected": "c"}],
      "pairs.jsonl:1: chosen[0].role must be one of ['assistant']"),
     ([{"prompt": 3, "chosen": "b", "rejected": "c"}], 'pairs.jsonl:1: "prompt" must be a string or a list of messages'),
@@ -126,6 +127,12 @@ def test_a_pairs_text_is_its_prompt_and_both_answers(tmp_path, record):
     ([{**openai_pair([{"role": "user", "content": "a"}], "b", "c"), "non_preferred_output": "c"}],
      'pairs.jsonl:1: "non_preferred_output" must be a non-empty list'),
     ([{"messages": [{"role": "user", "content": "a"}]}], 'pairs.jsonl:1: a preference pair needs "input"'),
+    ([{k: v for k, v in openai_pair([{"role": "user", "content": "a"}], "b", "c").items()
+       if k != "non_preferred_output"}], 'pairs.jsonl:1: "non_preferred_output" is missing'),
+    ([{"prompt": "a", "chosen": "b", "rejected": "b"}],
+     'pairs.jsonl:1: "chosen" and "rejected" are the same answer: a preference pair needs two different ones'),
+    ([openai_pair([{"role": "user", "content": "a"}], "b", "b")],
+     'pairs.jsonl:1: "preferred_output" and "non_preferred_output" are the same answer'),
 ])
 def test_bad_pairs_are_refused_naming_line_and_reason(tmp_path, lines, expected):
     path = write_jsonl(tmp_path / "pairs.jsonl", lines)

@@ -778,3 +778,18 @@ def test_the_checkpointed_blocks_are_those_the_runtime_wraps(layers, every, shar
     layout = Layout("single", 1, 1, 1, 1, True, checkpoint_every=every)
     assert layout.checkpointed_share(layers) == pytest.approx(share)
     assert Layout("single", 1, 1, 1, 1, False, checkpoint_every=every).checkpointed_share(layers) == 0.0
+
+
+@pytest.mark.parametrize(("per_node", "max_gpus", "global_batch", "strategy", "reason"), [
+    (1, None, 64, "ddp", "ddp spreads over 2 GPUs or more, and this pool offers 1 GPU"),
+    (8, 1, 64, "fsdp", "fsdp spreads over 2 GPUs or more, and this pool offers 1 GPU (resources.maxGPUs)"),
+    (2, None, 64, "hsdp", "hsdp shards within a group and replicates across 2 or more groups; this pool offers 2 "
+                          "GPUs (2 a node): too few for two groups"),
+    (8, None, 3, "ddp", "the global batch (3) divides over none of the GPU counts this pool offers for it (2, 4, "
+                        "8): set hyperparameters.globalBatchSize to a multiple of one"),
+])
+def test_a_strategy_no_gpu_count_suits_says_why(per_node, max_gpus, global_batch, strategy, reason):
+    w = Workload(CATALOG["meta-llama/Llama-3.2-1B"], "lora", 1024, global_batch, 100)
+    with pytest.raises(NoPlan) as refused:
+        plan(w, pool(per_node=per_node), CAL, strategy=strategy, max_gpus=max_gpus)
+    assert f"{strategy}: {reason}" in str(refused.value), str(refused.value)

@@ -40,7 +40,7 @@ from tunewright_core.planner.hardware import GPUS, LINKS
 
 __all__ = ["Client", "RequestFailed", "ended", "main", "run_on", "watch"]
 INTERRUPTED = 130  # the shell's code for a command stopped with Ctrl-C (128 + SIGINT)
-
+OUTPUTS = ["table", "json", "yaml", "id"]  # -o, before the command or after it
 
 def spec_from_args(args) -> dict:
     """The job spec: a file (a FineTuneJob manifest or its spec, YAML or JSON), or the flags; flags given with a
@@ -431,7 +431,8 @@ def cmd_pools(args, client: Client) -> int:
             args.parser.error(f"pools create: needs {', '.join(missing)}")
         pool = client.request("POST", "/v1/pools", json={
             "name": args.name, "gpu": args.gpu, "gpusPerNode": args.gpus_per_node, "maxNodes": args.max_nodes,
-            "intraNode": args.intra_node, "interNode": args.inter_node, "pricePerGPUHour": args.price})
+            "intraNode": args.intra_node, "interNode": args.inter_node, "pricePerGPUHour": args.price,
+            "hostMemoryGiB": args.host_memory_gib, "learnLinks": args.learn_links})
     render.emit(pool, args.output, lambda p: render.pools_table([p]))
     return OK
 
@@ -527,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the API (default: TUNEWRIGHT_URL, else http://127.0.0.1:8000)")
     parser.add_argument("--token", default=os.environ.get("TUNEWRIGHT_TOKEN"),
                         help="an API token (default: TUNEWRIGHT_TOKEN)")
-    parser.add_argument("-o", "--output", choices=["table", "json", "yaml", "id"], default="table",
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default="table",
                         help="table for people (default), json or yaml for programs, id: only the ids")
     # each command is a function cmd_NAME(args, client) -> exit code; those that find the command line wrong
     # after parsing say so as argparse does, through args.parser (completion reads it too)
@@ -607,12 +608,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pools", help="GPU pools the planner plans on: list, get, create (admin)")
     p.add_argument("action", choices=["list", "get", "create"])
     p.add_argument("name", nargs="?", help="get, create: the pool's name")
-    p.add_argument("--gpu", choices=list(GPUS), help="create: the GPU model")
-    p.add_argument("--gpus-per-node", type=int, help="create: GPUs in each node")
-    p.add_argument("--max-nodes", type=int, help="create: nodes a job may use")
-    p.add_argument("--intra-node", choices=list(LINKS), help="create: the link between a node's GPUs")
+    p.add_argument("--gpu", choices=list(GPUS), help="create (required): the GPU model")
+    p.add_argument("--gpus-per-node", type=int, help="create (required): GPUs in each node")
+    p.add_argument("--max-nodes", type=int, help="create (required): nodes a job may use")
+    p.add_argument("--intra-node", choices=list(LINKS), help="create (required): the link between a node's GPUs")
     p.add_argument("--inter-node", choices=list(LINKS), help="create: the link between nodes (none: one node)")
-    p.add_argument("--price", type=float, help="create: price per GPU-hour in USD")
+    p.add_argument("--price", type=float, help="create (required): price per GPU-hour in USD (0: priced nowhere)")
+    p.add_argument("--host-memory-gib", type=float, help="create: host memory per node, for CPU offload plans "
+                                                           "(default: twice the node's GPU memory)")
+    p.add_argument("--learn-links", action="store_true", help="create: plan on the links and GPU efficiency its "
+                                                                 "jobs measure")
     p.set_defaults(func=cmd_pools)
 
     p = sub.add_parser("tokens", help="API tokens (admin): create, list, revoke")
@@ -624,6 +629,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("completion", help="a shell completion script")
     p.add_argument("shell", choices=["bash"])
     p.set_defaults(func=cmd_completion)
+    for command in sub.choices.values():  # -o after the command too (`tunewright plan job.yaml -o json`)
+        command.add_argument("-o", "--output", choices=OUTPUTS, default=argparse.SUPPRESS,
+                             help="as before the command: table, json, yaml or id")
     return parser
 
 

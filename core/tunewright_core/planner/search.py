@@ -240,7 +240,8 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
 
     cap = batch_cap(w, pool, limit)
     rejected = _rejections(strategies, best_per_strategy, smallest_per_strategy, cheapest_fit, fastest_fit, pool,
-                           objective, budget_usd, deadline_seconds)
+                           objective, budget_usd, deadline_seconds,
+                           lambda s: _no_gpu_count(s, w.global_batch, pool, limit, max_gpus is not None))
     if not best_per_strategy:
         raise NoPlan("no layout works: " + "; ".join(f"{r.strategy}: {r.reason}" for r in _noting(rejected, cap)))
     best = min(best_per_strategy.values(), key=lambda c: _measures(objective, c))
@@ -317,16 +318,30 @@ def _does_not_fit(c: Candidate, pool: Pool) -> str:
     return f"{need:.0f} GiB of host memory > {usable:.0f} GiB usable per node even at {_describe(c)}"
 
 
-def _rejections(strategies, best, smallest, cheapest, fastest, pool: Pool, objective, budget, deadline
-                ) -> list[RejectedOption]:
+def _no_gpu_count(strategy: str, global_batch: int, pool: Pool, limit: int, capped: bool) -> str:
+    """Why no layout of `strategy` exists at any GPU count the pool offers (up to `limit`)."""
+    counts = [gpus for gpus, _nodes in gpu_counts(pool, limit)]
+    offered = f"{max(counts)} GPU{'s' if max(counts) > 1 else ''}" + (" (resources.maxGPUs)" if capped else "")
+    if strategy != "single" and max(counts) < 2:
+        return f"{strategy} spreads over 2 GPUs or more, and this pool offers {offered}"
+    shardable = [g for g, nodes in gpu_counts(pool, limit) if shard_groups(strategy, g, nodes, pool.gpus_per_node)]
+    if strategy == "hsdp" and not shardable:
+        return (f"hsdp shards within a group and replicates across 2 or more groups; this pool offers {offered} "
+                f"({pool.gpus_per_node} a node): too few for two groups")
+    fitting = [g for g in counts if (g == 1) == (strategy == "single")]
+    return (f"the global batch ({global_batch}) divides over none of the GPU counts this pool offers for it "
+            f"({', '.join(map(str, fitting))}): set hyperparameters.globalBatchSize to a multiple of one")
+
+
+def _rejections(strategies, best, smallest, cheapest, fastest, pool: Pool, objective, budget, deadline,
+                no_gpu_count) -> list[RejectedOption]:
     out = []
     for s in strategies:
         if s in best:
             continue
         small, offloaded = smallest.get((s, False)), smallest.get((s, True))
         if small is None:
-            out.append(RejectedOption(strategy=s, reason="no GPU count in this pool suits it (the global batch must "
-                                                   "divide over the GPUs; hsdp needs 2+ shard groups)"))
+            out.append(RejectedOption(strategy=s, reason=no_gpu_count(s)))
         elif s not in cheapest:  # nothing fits, with or without offload
             reason = f"does not fit: {_does_not_fit(small, pool)}"
             if offloaded is not None:
