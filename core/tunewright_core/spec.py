@@ -91,8 +91,8 @@ def described_errors(errors: Sequence[Mapping[str, Any]], model: type[BaseModel]
     for error in errors:
         loc = _written(model, error["loc"][skip:])
         message = error_message(error, model, loc).removeprefix("Value error, ")
-        if not loc and (named := _NAMED_FIELD.match(message)):
-            loc, message = tuple(named.group(1).split(".")), named.group(2)
+        if (named := _NAMED_FIELD.match(message)) and _names_a_field(model, loc, named.group(1).split(".")):
+            loc, message = (*loc, *named.group(1).split(".")), named.group(2)
         if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
             hints[loc] = _allowed(model, loc)
         said = merged.setdefault(loc, [])
@@ -128,10 +128,17 @@ def _written(annotation: Any, loc: Sequence[str | int]) -> tuple:
     return tuple(written)
 
 
+def _names_a_field(model: type[BaseModel], loc: tuple, path: list[str]) -> bool:
+    """Whether `path` (a rule's message's first words) is a field within the model at `loc`: the rule is
+    then that field's to say."""
+    parent = _model_at(model, (*loc, *path[:-1]))
+    return parent is not None and any(path[-1] in (name, f.alias) for name, f in parent.model_fields.items())
+
+
 def _either(messages: list[str]) -> str:
     """Messages for one field, one per kind of value it could have been, as one sentence."""
     prefix = "Input should be "
-    if len(messages) > 1 and all(m.startswith(prefix) for m in messages):
+    if len(messages) > 1 and all(m.startswith(prefix) and ", " not in m for m in messages):
         return prefix + " or ".join(m.removeprefix(prefix) for m in messages)
     return "; or ".join(messages)
 
@@ -143,9 +150,14 @@ def _allowed(model: type[BaseModel], loc: tuple) -> str:
     if field is None:
         return ""
     bounds = [constraint for constraint in _constraints(field.annotation, field.metadata)]
-    said = ", ".join(_BOUNDS[kind].format(value) for kind, value in bounds)
-    default = "" if field.is_required() or field.default is None else f"; default {field.default}"
+    said = ", ".join(_BOUNDS[kind].format(_number(value)) for kind, value in bounds)
+    default = "" if field.is_required() or field.default is None else f"; default {_number(field.default)}"
     return f" (allowed: {said}{default})" if said else ""
+
+
+def _number(value: Any) -> Any:
+    """1,000,000,000 rather than 1000000000.0; 0.0002 as it is."""
+    return f"{value:,.0f}" if isinstance(value, float) and value.is_integer() else value
 
 
 def _constraints(annotation: Any, metadata: Sequence[Any]) -> list[tuple[str, Any]]:

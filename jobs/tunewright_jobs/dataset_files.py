@@ -19,8 +19,11 @@ class DatasetError(ValueError):
     """A dataset that cannot be used; the message names the file, the line and the reason."""
 
 
+MISSING = object()  # a key the record does not have (null is a value, and a wrong one)
+
+
 def _check_messages(messages, where: str, roles: set[str] = CHAT_ROLES) -> str | None:
-    if messages is None:
+    if messages is MISSING:
         return f'"{where}" is missing'
     if not isinstance(messages, list) or not messages:
         return f'"{where}" must be a non-empty list'
@@ -35,7 +38,7 @@ def _check_messages(messages, where: str, roles: set[str] = CHAT_ROLES) -> str |
 
 
 def _check_chat(record: dict) -> str | None:
-    if problem := _check_messages(record.get("messages"), "messages"):
+    if problem := _check_messages(record.get("messages", MISSING), "messages"):
         return problem
     if not any(m["role"] == "assistant" for m in record["messages"]):
         return "no assistant message: nothing to learn from"
@@ -62,9 +65,9 @@ PREFERENCE_KEYS = ("prompt", "chosen", "rejected")
 
 def _check_answer(record: dict, key: str, conversational: bool) -> str | None:
     """A preferred or rejected answer: text, or (after a prompt of messages) assistant messages."""
-    answer = record.get(key)
-    if answer is None:
+    if key not in record:
         return f'"{key}" is missing'
+    answer = record[key]
     if isinstance(answer, list) and conversational:
         return _check_messages(answer, key, {"assistant"})
     if isinstance(answer, list):
@@ -74,24 +77,16 @@ def _check_answer(record: dict, key: str, conversational: bool) -> str | None:
     return None
 
 
-def _same_answers(preferred, rejected, keys: tuple[str, str]) -> str | None:
-    """A pair whose two answers are the same teaches nothing (its loss is log 2 and its gradient zero)."""
-    if preferred == rejected:
-        return f'"{keys[0]}" and "{keys[1]}" are the same answer: a preference pair needs two different ones'
-    return None
-
-
 def _check_preference(record: dict) -> str | None:
     """OpenAI's preference shape, or the prompt/chosen/rejected one (TRL's), text or messages."""
     if any(key in record for key in OPENAI_PREFERENCE_KEYS):
         prompt = record.get("input")
         if not isinstance(prompt, dict):
             return '"input" must be an object with "messages"'
-        if problem := _check_messages(prompt.get("messages"), "input.messages"):
+        if problem := _check_messages(prompt.get("messages", MISSING), "input.messages"):
             return problem
-        return next(filter(None, (_check_messages(record.get(key), key, {"assistant"})
-                                  for key in OPENAI_PREFERENCE_KEYS[1:])), None) or _same_answers(
-            record["preferred_output"], record["non_preferred_output"], OPENAI_PREFERENCE_KEYS[1:])
+        return next(filter(None, (_check_messages(record.get(key, MISSING), key, {"assistant"})
+                                  for key in OPENAI_PREFERENCE_KEYS[1:])), None)
     if not any(key in record for key in PREFERENCE_KEYS):
         return ('a preference pair needs "input", "preferred_output" and "non_preferred_output" (OpenAI\'s shape) '
                 'or "prompt", "chosen" and "rejected"')
@@ -102,8 +97,7 @@ def _check_preference(record: dict) -> str | None:
             return problem
     elif not isinstance(prompt, str):
         return '"prompt" must be a string or a list of messages'
-    return next(filter(None, (_check_answer(record, key, conversational) for key in PREFERENCE_KEYS[1:])), None) \
-        or _same_answers(record["chosen"], record["rejected"], PREFERENCE_KEYS[1:])
+    return next(filter(None, (_check_answer(record, key, conversational) for key in PREFERENCE_KEYS[1:])), None)
 
 
 _CHECKS = {"chat": _check_chat, "prompt_completion": _check_prompt_completion, "text": _check_text,

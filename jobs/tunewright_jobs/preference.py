@@ -95,14 +95,14 @@ def tokenize_pair(tokenizer, record: dict) -> Pair:
 class PairDataset:
     pairs: list[Pair]
     truncated: int  # pairs with a sequence cut to seq_len
-    dropped: int  # pairs with an answer left without a labelled token
+    dropped: int  # pairs with an answer left without a labelled token, or the same answer twice
 
 
 def tokenize_pairs(tokenizer, records: list[dict], seq_len: int, source: str) -> PairDataset:
     """Every pair, each sequence cut to seq_len (keeping its start, as TRL's `truncation_mode="keep_start"`)."""
     if any(isinstance(preference_parts(r)[0], list) for r in records):
         ensure_chat_template(tokenizer)
-    pairs, truncated, dropped = [], 0, 0
+    pairs, truncated, dropped, same = [], 0, 0, 0
     for record in records:
         pair = tokenize_pair(tokenizer, record)
         sides = [Example(ex.input_ids[:seq_len], ex.trainable[:seq_len]) for ex in (pair.chosen, pair.rejected)]
@@ -111,13 +111,17 @@ def tokenize_pairs(tokenizer, records: list[dict], seq_len: int, source: str) ->
         if not all(any(ex.trainable[1:]) for ex in sides):
             dropped += 1
             continue
+        if sides[0] == sides[1]:  # one answer twice (within seq_len): loss log 2, no gradient, a diluted mean
+            same += 1
+            continue
         pairs.append(Pair(*sides))
     if not pairs:
-        raise DatasetError(f"{source}: no preference pair has answer tokens within seq_len={seq_len}")
-    if truncated or dropped:
-        log.warning("%s: %d preference pairs truncated to %d tokens, %d dropped (an answer left with no token)",
-                    source, truncated, seq_len, dropped)
-    return PairDataset(pairs, truncated, dropped)
+        raise DatasetError(f"{source}: no preference pair has two different answers with tokens within "
+                           f"seq_len={seq_len}")
+    if truncated or dropped or same:
+        log.warning("%s: %d preference pairs truncated to %d tokens; dropped: %d with an answer left with no "
+                    "token, %d with the same answer twice", source, truncated, seq_len, dropped, same)
+    return PairDataset(pairs, truncated, dropped + same)
 
 
 def prompt_and_answer(tokenizer, record: dict) -> tuple[str, str]:

@@ -58,3 +58,22 @@ def test_unions_and_keys_are_said_as_written(given, expected):
     with pytest.raises(ValidationError) as refused:
         Outer.model_validate(given)
     assert described_errors(refused.value.errors(), Outer) == expected
+
+
+class PlanRequest(BaseModel):
+    spec: FineTuneJobSpec
+
+
+def test_a_rule_of_a_nested_model_is_said_at_the_field_it_names():
+    with pytest.raises(ValidationError) as refused:
+        PlanRequest.model_validate({"spec": {**SPEC, "method": {"objective": "dpo"}}})
+    ((where, _what),) = described_errors(refused.value.errors(), PlanRequest)
+    assert where == "spec.dataset.format"
+    assert said({"method": {"type": "full", "lora": {"quantization": "nf4"}}}) == [
+        ("method.lora.quantization", "nf4 loads a frozen LoRA base in 4 bits, but type full trains every weight: set "
+                                     "type lora, or lora.quantization none")]
+
+
+def test_bounds_are_written_as_numbers_are():
+    ((_where, what),) = said({"resources": {"budgetUSD": -1}})
+    assert what.endswith("(allowed: more than 0, at most 1,000,000,000)"), what

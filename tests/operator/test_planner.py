@@ -787,9 +787,11 @@ def test_the_checkpointed_blocks_are_those_the_runtime_wraps(layers, every, shar
                           "GPUs (2 a node): too few for two groups"),
     (8, None, 3, "ddp", "the global batch (3) divides over none of the GPU counts this pool offers for it (2, 4, "
                         "8): set hyperparameters.globalBatchSize to a multiple of one"),
+    (8, None, 2, "hsdp", "the global batch (2) divides over none of the GPU counts this pool offers for it (4, 8)"),
+    (1, 64, 64, "ddp", "ddp spreads over 2 GPUs or more, and this pool offers 1 GPU; "),  # maxGPUs is not why
 ])
 def test_a_strategy_no_gpu_count_suits_says_why(per_node, max_gpus, global_batch, strategy, reason):
     w = Workload(CATALOG["meta-llama/Llama-3.2-1B"], "lora", 1024, global_batch, 100)
     with pytest.raises(NoPlan) as refused:
         plan(w, pool(per_node=per_node), CAL, strategy=strategy, max_gpus=max_gpus)
-    assert f"{strategy}: {reason}" in str(refused.value), str(refused.value)
+    assert f"{strategy}: {reason}" in f"{refused.value}; ", str(refused.value)

@@ -241,7 +241,8 @@ def plan(w: Workload, pool: Pool, cal: Calibration, objective: str = "cheapest",
     cap = batch_cap(w, pool, limit)
     rejected = _rejections(strategies, best_per_strategy, smallest_per_strategy, cheapest_fit, fastest_fit, pool,
                            objective, budget_usd, deadline_seconds,
-                           lambda s: _no_gpu_count(s, w.global_batch, pool, limit, max_gpus is not None))
+                           lambda s: _no_gpu_count(s, w.global_batch, pool, limit,
+                                                   max_gpus is not None and max_gpus < pool.max_gpus))
     if not best_per_strategy:
         raise NoPlan("no layout works: " + "; ".join(f"{r.strategy}: {r.reason}" for r in _noting(rejected, cap)))
     best = min(best_per_strategy.values(), key=lambda c: _measures(objective, c))
@@ -328,7 +329,7 @@ def _no_gpu_count(strategy: str, global_batch: int, pool: Pool, limit: int, capp
     if strategy == "hsdp" and not shardable:
         return (f"hsdp shards within a group and replicates across 2 or more groups; this pool offers {offered} "
                 f"({pool.gpus_per_node} a node): too few for two groups")
-    fitting = [g for g in counts if (g == 1) == (strategy == "single")]
+    fitting = shardable if strategy == "hsdp" else [g for g in counts if (g == 1) == (strategy == "single")]
     return (f"the global batch ({global_batch}) divides over none of the GPU counts this pool offers for it "
             f"({', '.join(map(str, fitting))}): set hyperparameters.globalBatchSize to a multiple of one")
 
