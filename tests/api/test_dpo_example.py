@@ -35,6 +35,7 @@ def test_the_local_dpo_example_runs(server, tiny_models, tmp_path, monkeypatch, 
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all("rewardMargin" in m and "preferenceAccuracy" in m for m in metrics), metrics[-1]
     # the adapter it exports holds the trained weights (DDP on the local pool exported an empty one once)
+    assert (done["plan"]["strategy"], done["plan"]["workers"]) == ("ddp", 2)
     adapter = load_file(Path(done["result"]["export"]["adapter"]) / "adapter_model.safetensors")
     assert adapter and all(".lora_" in name for name in adapter)
     said = dict(evaluation(done["result"]))  # `tunewright get` and the run's summary: dpo's own scores
