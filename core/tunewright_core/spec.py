@@ -121,7 +121,7 @@ def _written(annotation: Any, loc: Sequence[str | int]) -> tuple:
         step = rest.pop(0)
         written.append(step)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            field = next((f for name, f in annotation.model_fields.items() if step in (name, f.alias)), None)
+            field = _field_named(annotation, step)
             annotation = field.annotation if field is not None else Any
         else:  # a list's index or a dict's key, or deeper than the model says
             annotation = args[-1] if origin in (list, dict) else Any
@@ -132,7 +132,7 @@ def _names_a_field(model: type[BaseModel], loc: tuple, path: list[str]) -> bool:
     """Whether `path` (a rule's message's first words) is a field within the model at `loc`: the rule is
     then that field's to say."""
     parent = _model_at(model, (*loc, *path[:-1]))
-    return parent is not None and any(path[-1] in (name, f.alias) for name, f in parent.model_fields.items())
+    return parent is not None and _field_named(parent, path[-1]) is not None
 
 
 def _either(messages: list[str]) -> str:
@@ -146,11 +146,11 @@ def _either(messages: list[str]) -> str:
 def _allowed(model: type[BaseModel], loc: tuple) -> str:
     """" (allowed: more than 0, at most 100; default 0.1)" for the numeric field at `loc` in `model`."""
     parent = _model_at(model, loc[:-1]) if loc else None
-    field = next((f for name, f in parent.model_fields.items() if loc[-1] in (name, f.alias)), None) if parent else None
+    field = _field_named(parent, loc[-1]) if parent is not None else None
     if field is None:
         return ""
-    bounds = [constraint for constraint in _constraints(field.annotation, field.metadata)]
-    said = ", ".join(_BOUNDS[kind].format(_number(value)) for kind, value in bounds)
+    said = ", ".join(_BOUNDS[kind].format(_number(value)) for kind, value in _constraints(field.annotation,
+                                                                                          field.metadata))
     default = "" if field.is_required() or field.default is None else f"; default {_number(field.default)}"
     return f" (allowed: {said}{default})" if said else ""
 
@@ -173,6 +173,11 @@ def _constraints(annotation: Any, metadata: Sequence[Any]) -> list[tuple[str, An
     return []
 
 
+def _field_named(model: type[BaseModel], key: str | int) -> Any:
+    """The FieldInfo of `model` that `key` names, by its Python name or its wire name (None: no such field)."""
+    return next((f for name, f in model.model_fields.items() if key in (name, f.alias)), None)
+
+
 def _model_at(annotation: Any, loc: Sequence[str | int]) -> type[BaseModel] | None:
     """The model whose keys are at `loc` within `annotation`, through optional values, list items and dict values."""
     origin, args = get_origin(annotation), get_args(annotation)
@@ -185,7 +190,7 @@ def _model_at(annotation: Any, loc: Sequence[str | int]) -> type[BaseModel] | No
         return annotation if is_model else None
     step, rest = loc[0], loc[1:]
     if is_model:
-        field = next((f for name, f in annotation.model_fields.items() if step in (name, f.alias)), None)
+        field = _field_named(annotation, step)
         return None if field is None else _model_at(field.annotation, rest)
     if origin in (list, dict):  # an item's index, a value's key
         return _model_at(args[-1], rest)
