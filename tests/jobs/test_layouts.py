@@ -136,6 +136,9 @@ def _gathered_blocks_after_forward(rank: int, store: str, model_dir: str, out: s
         after_forward = gathered()
         loss.backward()
         Path(out, f"rank{rank}.json").write_text(json.dumps({"forward": after_forward, "backward": gathered()}))
+        # both ranks done before either tears gloo down: a rank that exits while its peer still holds the
+        # connection once aborted the peer ("terminate called without an active exception", CI 2026-12-07)
+        torch_dist.barrier()
     finally:
         torch_dist.destroy_process_group()
 
