@@ -188,11 +188,15 @@ def incompatible_crds(installed: list[dict]) -> list[str]:
         if theirs is None or (theirs["metadata"].get("annotations") or {}).get(SCHEMA_DIGEST) == (
                 crd["metadata"]["annotations"][SCHEMA_DIGEST]):
             continue
-        served = [v for v in theirs["spec"].get("versions", []) if v["name"] == VERSION and v.get("served")]
-        gaps = (schema_gaps(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
-                            served[0].get("schema", {}).get("openAPIV3Schema", {}))
-                + ([] if "status" in served[0].get("subresources", {}) else ["the status subresource: missing"])
-                if served else [f"version {VERSION}: not served"])
+        served = next((v for v in theirs["spec"].get("versions", []) if v["name"] == VERSION and v.get("served")),
+                      None)
+        if served is None:
+            gaps = [f"version {VERSION}: not served"]
+        else:
+            gaps = schema_gaps(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+                               served.get("schema", {}).get("openAPIV3Schema", {}))
+            if "status" not in served.get("subresources", {}):
+                gaps.append("the status subresource: missing")
         if gaps:
             more = f" and {len(gaps) - 3} more" if len(gaps) > 3 else ""
             wrong.append(f"{name} is another release's and would refuse or prune what this one writes "

@@ -170,7 +170,7 @@ def rediscover_pools(cluster: k8s.Cluster, stop: threading.Event, interval: floa
     while not stop.wait(interval):
         try:
             found = cluster.list("GPUPool")
-        except k8s.KubernetesError as error:
+        except Exception as error:  # an API server away or refusing for a while: the loop must outlive it
             log.warning("GPUPools not listed for discovery (tried again in %.0f s): %s", interval, error)
             continue
         for gpupool in found:

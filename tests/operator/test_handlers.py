@@ -126,3 +126,32 @@ def test_pools_are_rediscovered_each_interval_until_stopped():
         stop.set()
         loop.join(5)
     assert not loop.is_alive()
+
+
+def test_pool_discovery_outlives_an_api_server_that_is_away():
+    class Away(FakeCluster):
+        def __init__(self):
+            super().__init__()
+            self.tries = 0
+
+        def list(self, kind, namespace=None, label_selector=None):
+            if kind == "GPUPool":
+                self.tries += 1
+                if self.tries <= 2:  # a connection refused is no KubernetesError
+                    raise ConnectionRefusedError("the API server is restarting")
+            return super().list(kind, namespace, label_selector)
+
+    cluster = Away()
+    cluster.add(POOL)
+    stop = threading.Event()
+    loop = threading.Thread(target=handlers.rediscover_pools, args=(cluster, stop, 0.01))
+    loop.start()
+    try:
+        deadline = time.monotonic() + 10
+        while (cluster.get("GPUPool", None, "h100").get("status") or {}).get("nodes") != 0:
+            assert time.monotonic() < deadline and loop.is_alive(), "discovery ended with the API server away"
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        loop.join(5)
+    assert cluster.tries > 2
