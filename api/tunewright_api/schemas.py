@@ -393,6 +393,18 @@ class Method(BaseModel):
     type: Literal["supervised", "dpo"] = "supervised"
     supervised: Supervised | None = Field(default=None, description="With type supervised.")
     dpo: Dpo | None = Field(default=None, description="With type dpo.")
+    reinforcement: None = Field(default=None, description="Always null: OpenAI's reinforcement method is not "
+                                                          "offered (the official client's dump of a job's method "
+                                                          "carries it as null).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_reinforcement(cls, data: object) -> object:
+        """Said before the field's own "should be None", which would not tell the user why."""
+        if isinstance(data, dict) and data.get("reinforcement") is not None:
+            raise ValueError("reinforcement fine-tuning is not offered: give type supervised or dpo, and "
+                             "reinforcement null or absent")
+        return data
 
     @model_validator(mode="after")
     def _settings_of_its_type(self) -> Method:

@@ -126,6 +126,12 @@ def test_lists_say_when_they_are_empty_and_plans_name_the_flag(server, user, tmp
     assert code == 0 and "$2.50" in out
     code, out, _ = run(capsys, *user, "pools", "get", "h100x8", "-o", "json")  # -o after the command as well
     assert code == 0 and json.loads(out)["hostMemoryGiB"] == 2048 and json.loads(out)["learnLinks"] is False
+    code, out, _ = run(capsys, *user, "files", "upload", TRAIN, "-o", "json", VALIDATION)  # and between targets
+    assert code == 0 and [f["filename"] for f in json.loads(out)] == ["train.jsonl", "validation.jsonl"]
+    with pytest.raises(SystemExit) as refused:  # argparse's own exit, as for every usage error it finds
+        run(capsys, *user, "files", "list", "--bogus")
+    assert refused.value.code == 2 and "tunewright: error: unrecognized arguments: --bogus" in \
+        capsys.readouterr().err
     spec = tmp_path / "job.json"
     spec.write_text(json.dumps({"model": {"source": "meta-llama/Llama-3.1-8B-Instruct"},
                                 "dataset": {"train": "file-" + "0" * 24}}))

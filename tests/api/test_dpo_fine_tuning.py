@@ -110,7 +110,10 @@ def test_fine_tuning_takes_dpo_as_openai_does_and_answers_it_back(api, tiny_mode
 def test_fine_tuning_supervised_is_sft_and_answered_as_before(api, tiny_models):
     alice = api.tenant("alice")
     chat = upload(alice, TRAIN).json()["id"]
-    for method in ({"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}}, None):
+    for method in ({"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}}, None,
+                   # the official client's model_dump() of an answered job's method: the other types as null
+                   {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1}}, "dpo": None,
+                    "reinforcement": None}):
         answer = create(alice, tiny_models, chat, method)
         assert answer.status_code == 200, answer.text
         assert answer.json()["method"]["type"] == "supervised" and "dpo" not in answer.json()["method"]
@@ -124,6 +127,8 @@ def test_fine_tuning_supervised_is_sft_and_answered_as_before(api, tiny_models):
     ("pairs", {"type": "supervised"}, "method.type", "holds preference pairs"),
     ("pairs", None, "method.type", "holds preference pairs"),
     ("pairs", {"type": "reinforcement"}, "method.type", "'supervised' or 'dpo'"),
+    ("pairs", {"type": "dpo", "reinforcement": {"hyperparameters": {}}}, "method",
+     "reinforcement fine-tuning is not offered"),
     ("pairs", {"type": "dpo", "supervised": {}}, "method", "supervised is given but type is dpo"),
     ("pairs", {"type": "dpo", "dpo": {"hyperparameters": {"beta": 0}}}, "method.dpo.hyperparameters.beta",
      "method.dpo.hyperparameters.beta: Input should be greater than 0 or 'auto' (allowed: more than 0, at most 100; "

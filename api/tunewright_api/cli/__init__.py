@@ -637,7 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if rest and isinstance(getattr(args, "target", None), list) and not any(a.startswith("-") for a in rest):
+        args.target += rest  # `files upload a.jsonl -o json b.jsonl`: argparse ends a list at its first option
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         code = args.func(args, Client(args.url, args.token))
         sys.stdout.flush()  # inside the try: a reader that left shows here, not at the interpreter's exit
