@@ -265,12 +265,19 @@ def fit_constant(field: str, calibration: Calibration, fit_set: list, step: Call
     return float(weighted_solve(rows, targets, weights)[0])
 
 
-def constant_fitter(argv: list[str] | None, description: str, field: str, replacing: str,
+# the constants other fitters fit on runs of their own, and the start of the names of the result files they fit on
+FITTED_ELSEWHERE = {"nf4_dequant_bytes_per_param": "qlora_check_h200",  # qlora_fit
+                    "fp8_activation_cast_bytes": "fp8_check",  # fp8_fit
+                    "host_copy_slowdown": "qlora_check_h100"}  # offload_fit
+
+
+def constant_fitter(argv: list[str] | None, description: str, field: str,
                     load_runs: Callable[[list[Path]], list], in_fit_set: Callable[[Any], bool],
                     fit: Callable[[list, Calibration, GPU], float],
                     report: Callable[[list, Calibration, GPU], str]) -> int:
     """The command line of a fitter of one constant: `fit` writes it into the calibration file, with its fit set's
-    result files as its sources (in place of those whose names start with `replacing`); both print `report`."""
+    result files as its sources (in place of those whose names start with its FITTED_ELSEWHERE prefix); both print
+    `report`."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["fit", "report"])
     parser.add_argument("measurements", nargs="+", type=Path)
@@ -282,13 +289,9 @@ def constant_fitter(argv: list[str] | None, description: str, field: str, replac
     if args.command == "fit":
         calibration = replace(calibration, **{field: fit(runs, calibration, gpu)})
         update(args.calibration, {field: getattr(calibration, field)},
-               sorted({r.source for r in runs if in_fit_set(r)}), replacing=replacing)
+               sorted({r.source for r in runs if in_fit_set(r)}), replacing=FITTED_ELSEWHERE[field])
     print(report(runs, calibration, gpu))
     return 0
-
-
-# the constants other fitters fit on runs of their own, by the result files they read
-FITTED_ELSEWHERE = {"qlora_check": "nf4_dequant_bytes_per_param", "fp8_check": "fp8_activation_cast_bytes"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out.exists():  # the constants fitted on runs of their own (qlora_fit's, fp8_fit's): kept
             kept = json.loads(args.out.read_text())
             calibration = replace(calibration, **{field: kept["calibration"].get(field, getattr(calibration, field))
-                                                  for field in FITTED_ELSEWHERE.values()})
-            sources += [s for s in kept["measurements"] if s.startswith(tuple(FITTED_ELSEWHERE))]
+                                                  for field in FITTED_ELSEWHERE})
+            sources += [s for s in kept["measurements"] if s.startswith(tuple(FITTED_ELSEWHERE.values()))]
         save(args.out, calibration, gpu, sources)
     else:
         calibration, gpu = load(args.calibration)

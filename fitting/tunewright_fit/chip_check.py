@@ -24,6 +24,7 @@ from tunewright_core.planner.hardware import GIB, GPU, GPUS, gpu_from_product_na
 from tunewright_fit.calibration_fit import MEASURED_MODELS, measured_pool
 
 VS_HF_SYSTEMS = {"tunewright": "bf16", "tw-fp8": "fp8"}  # vs_hf.py's systems that are our runtime
+RECOMPUTED = "recompute: elementwise work in backward"  # the runtime's kernels line, recompute on
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[str]]:
             if why:
                 skipped.append(f"{path.name}: {name}: {why}")
                 continue
-            recompute = case.get("recompute") or ("on" if "recompute: on" in row.get("kernels", "") else "off")
+            # as the run did it, by the runtime's kernels line (kernels.kernel_choices' words)
+            recompute = case.get("recompute") or ("on" if RECOMPUTED in row.get("kernels", "") else "off")
             runs.append(_run(name, path.name, chip, case, precision, recompute, row))
     return runs, skipped
 

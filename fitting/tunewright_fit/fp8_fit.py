@@ -65,7 +65,7 @@ def markdown(rows: list[dict], constant: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return constant_fitter(argv, __doc__, "fp8_activation_cast_bytes", "fp8_check", fp8_runs, in_fit_set,
+    return constant_fitter(argv, __doc__, "fp8_activation_cast_bytes", fp8_runs, in_fit_set,
                            lambda runs, c, _gpu: fit(runs, c),
                            lambda runs, c, _gpu: markdown(compare(runs, c), c.fp8_activation_cast_bytes))
 

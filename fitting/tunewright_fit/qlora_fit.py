@@ -5,11 +5,12 @@ dequantization, linear in the constant: the step predicted with the constant at 
 bytes-per-parameter's seconds. The fit is a one-column weighted least squares (weights 1/measured: relative
 error) over the fit set; the other runs are held out and reported.
 
-Fit set: Llama-8B runs whose 4-bit blocks were compiled (the runtime's default on a GPU). Runs with eager 4-bit
-blocks (the default before 2026-12-05: 1.56x slower) and the 70B-shaped runs are held out.
+Fit set: Llama-8B runs on the H200 (the calibration's card) whose 4-bit blocks were compiled (the runtime's
+default on a GPU). Runs with eager 4-bit blocks (the default before 2026-12-05: 1.56x slower), the 70B-shaped runs
+and the runs on another card (an H100's, predicted at the H200's efficiencies) are held out.
 
-  python -m tunewright_fit.qlora_fit fit benchmarks/results/qlora_check_h200_*.json
-  python -m tunewright_fit.qlora_fit report benchmarks/results/qlora_check_h200_*.json
+  python -m tunewright_fit.qlora_fit fit benchmarks/results/qlora_check_*.json
+  python -m tunewright_fit.qlora_fit report benchmarks/results/qlora_check_*.json
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ class Run:
 
     @property
     def in_fit_set(self) -> bool:
-        return self.compiled and self.workload.model.name == "llama-8b"
+        return self.compiled and self.workload.model.name == "llama-8b" and self.chip == "H200"
 
 
 def load_runs(paths: list[Path]) -> list[Run]:
-    """The 4-bit runs that finished, from qlora_check JSON files (bf16 and offload rows are calibration_fit's)."""
+    """The 4-bit runs that finished, from qlora_check JSON files (their offload rows are offload_fit's)."""
     runs = []
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -69,7 +70,7 @@ def fit(runs: list[Run], calibration: Calibration, gpu: GPU) -> float:
     """The bytes per block weight per dequantizing product that best predict the fit set's steps."""
     fit_set = [r for r in runs if r.in_fit_set]
     if not fit_set:
-        raise ValueError("qlora fit: no Llama-8B run with compiled 4-bit blocks among the measurements")
+        raise ValueError("qlora fit: no Llama-8B run on an H200 with compiled 4-bit blocks among the measurements")
     return fit_constant("nf4_dequant_bytes_per_param", calibration, fit_set, lambda r, c: _step(r, c, gpu),
                         lambda r: r.step_seconds)
 
@@ -108,7 +109,7 @@ def markdown(rows: list[dict], constant: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return constant_fitter(argv, __doc__, "nf4_dequant_bytes_per_param", "qlora_check", load_runs,
+    return constant_fitter(argv, __doc__, "nf4_dequant_bytes_per_param", load_runs,
                            lambda r: r.in_fit_set, fit,
                            lambda runs, c, gpu: markdown(compare(runs, c, gpu), c.nf4_dequant_bytes_per_param))
 

@@ -88,14 +88,15 @@ def test_the_plan_says_whether_fp8_pays_and_widens_its_band():
 
 
 def test_fp8_is_weighed_against_the_plan_bf16_products_would_have_had():
-    """On one L4, Qwen2.5-14B LoRA at seq 512 without dropout: FP8 and bf16 products are each best on a layout of
-    their own; FP8 beats bf16 on FP8's layout but not bf16's own plan, and the explanation says so and what to set."""
-    l4 = Pool("l4", GPUS["L4"], 1, 1, LINKS["pcie4"], None, 0.8)
+    """On two L4s, Qwen2.5-14B LoRA at seq 512 without dropout: FP8 and bf16 products are each best on a layout of
+    their own (FP8's on one GPU, offloaded; bf16's sharded over both); FP8 beats bf16 on FP8's layout but not bf16's
+    own plan, and the explanation says so and what to set."""
+    l4 = Pool("l4", GPUS["L4"], 2, 1, LINKS["pcie4"], None, 0.8)
     qwen = CATALOG["Qwen/Qwen2.5-14B"]
     fp8, bf16 = (plan_job(spec(precision, seq_len=512, dropout=0.0), l4, CAL, qwen) for precision in ("fp8", "bf16"))
-    assert fp8.micro_batch != bf16.micro_batch
+    assert (fp8.strategy, fp8.gpus) != (bf16.strategy, bf16.gpus)
     assert "with bf16 products on this layout, so it pays" in fp8.explanation
-    assert (f"bf16 products' own plan (single on 1 GPU(s), micro-batch {bf16.micro_batch}, step "
+    assert (f"bf16 products' own plan ({bf16.strategy} on {bf16.gpus} GPU(s), micro-batch {bf16.micro_batch}, step "
             f"{bf16.predicted.step_seconds:.3f} s): fp8 is no better by cost") in fp8.explanation
     assert fp8.explanation.endswith("set resources.precision bf16.")
     # where both choose one layout, the layout's comparison is the whole answer

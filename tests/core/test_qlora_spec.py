@@ -62,6 +62,9 @@ def test_auto_prefers_a_four_bit_base_over_offload_and_says_what_it_trades():
     """Llama-70B LoRA on one H200: a bf16 base (141 GB) fits only offloaded; NF4 (~38 GB) fits on the GPU."""
     asked_none = plan_job(spec("none"), one_h200(), CAL, LLAMA_70B)
     assert asked_none.quantization == "none" and asked_none.cpu_offload
+    copies = asked_none.predicted.exposed_offload_seconds  # the bf16 base crosses the host link in every pass
+    assert copies > asked_none.predicted.step_seconds / 3 and f"+ {copies:.3f} exposed host copies" in \
+        asked_none.explanation
     plan = plan_job(spec("auto"), one_h200(), CAL, LLAMA_70B)
     assert plan.quantization == "nf4" and not plan.cpu_offload and plan.strategy == "single"
     assert plan.predicted.step_seconds < asked_none.predicted.step_seconds

@@ -9,7 +9,9 @@ errors on runs the model was not fitted on, widened where the plan extrapolates 
 The band is widened (its log-width multiplied) for each way the plan leaves what was measured: a GPU no
 run measured (unless the pool's own jobs measured it, over at least `LEARNED_ENOUGH` profiler windows), more GPUs than the largest published run, a network no published run used, sequences longer
 than the fit's, LoRA on several GPUs (every published run is full fine-tuning), the dpo objective (sft's terms
-for the work it adds, checked on two runs of one model), a 4-bit QLoRA base (its dequantization fitted on one Llama-8B run, checked on no other), bf16
+for the work it adds, checked on two runs of one model), a 4-bit QLoRA base (its dequantization fitted on one
+Llama-8B run on an H200, checked on two on an H100), CPU offload (its copies' rate fitted on one run, checked on
+one other), bf16
 weights and moments on several GPUs (their sharded step never measured; on one H200 two runs checked it), or FP8
 products (their casts fitted on one LoRA run on one H100, checked on one other; no full fine-tune measured).
 `basis` says which.
@@ -30,7 +32,8 @@ UNMEASURED_GPU, BEYOND_LARGEST, UNMEASURED_NETWORK, LONGER_SEQUENCES, LORA_ON_SE
 UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work it adds; two runs checked it
 UNMEASURED_FP8 = 1.5  # fp8: its casts fitted on one LoRA run, checked on one other; no full fine-tune measured
 UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16 on several GPUs: the sharded step is counted, not measured
-UNMEASURED_QLORA = 1.25  # qlora: the held-out runs are bf16 LoRA's; its dequantization term is fitted on one run
+UNMEASURED_QLORA = 1.25  # qlora: its dequantization term fitted on one run, checked on two (70B and 8B, one H100)
+UNMEASURED_OFFLOAD = 1.25  # cpu offload: the copies' rate fitted on one run, checked on one other (step +3%)
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
 
@@ -60,7 +63,7 @@ class Band:
 
 def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len: int, method: str,
          learned_windows: int = 0, objective: str = "sft", optimizer_state: str = "fp32",
-         precision: str = "bf16") -> Band:
+         precision: str = "bf16", cpu_offload: bool = False) -> Band:
     """The band of a plan of `gpus` `gpu`s whose collectives cross `network` (None: one node); the GPU's
     efficiency learned over `learned_windows` profiler windows of the pool's own jobs (0: the catalog's)."""
     one_measured_gpu = gpus == 1 and gpu in ONE_GPU_MEASURED
@@ -94,7 +97,12 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
         reasons.append(f"{method} on several GPUs (every published run is full fine-tuning)")
     if method == "qlora":
         widen *= UNMEASURED_QLORA
-        reasons.append("a 4-bit base (its dequantization fitted on one Llama-8B run, checked on no other)")
+        reasons.append("a 4-bit base (its dequantization fitted on one Llama-8B run on an H200; a 70B-shaped and an "
+                       "8B run on an H100 held out, within 2.2%)")
+    if cpu_offload:
+        widen *= UNMEASURED_OFFLOAD
+        reasons.append("CPU offload (its copies' rate fitted on one Llama-8B LoRA run on an H100; a Llama-1B full "
+                       "run on an H200 held out: step +3%, its forward and backward +18%)")
     if precision == "fp8":
         widen *= UNMEASURED_FP8
         reasons.append("fp8 products (their casts fitted on one Llama-8B LoRA run on one H100; no full fine-tune "

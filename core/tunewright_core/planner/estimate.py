@@ -195,6 +195,9 @@ class Calibration:
     # backward): 5 bytes by count (read for the largest magnitude, read again, write one byte); compiled blocks
     # fuse much of it into the work before (the committed file's is fp8_fit's, measured)
     fp8_activation_cast_bytes: float = FP8_CAST_BYTES
+    # CPU offload: the card's host link rate over what FSDP2's per-block copies of offloaded shards reach (1: the
+    # catalog's rate; the committed file's is offload_fit's, measured)
+    host_copy_slowdown: float = 1.0
 
 
 START_OF_BACKWARD, END_OF_BACKWARD = "start of backward", "end of backward"
@@ -583,17 +586,17 @@ def unit_bytes(w: Workload) -> UnitBytes:
                      root_weights=BF16 * m.params_outside_blocks, root_gradients=FP32 * root_trainable)
 
 
-def offload_seconds(w: Workload, layout: Layout, gpu: GPU) -> float:
-    """Host <-> GPU copies per step: each shard copied in for forward and backward, gradients copied out; dpo's
-    reference weights (bf16) copied in for its forward."""
+def offload_seconds(w: Workload, layout: Layout, gpu: GPU, cal: Calibration) -> float:
+    """Host <-> GPU copies per step: each shard copied in for forward and again for backward (dpo: the
+    reference's bf16 weights for its forward too), its gradients copied out; the two directions at once, each at
+    the card's host link rate over `cal.host_copy_slowdown` (what FSDP2's per-block copies reach)."""
     if not layout.cpu_offload:
         return 0.0
     stored = FP32 if w.method == "full" and not w.bf16_state else BF16
-    weight_bytes = stored * w.model.params + w.gradient_bytes * w.trainable_params
-    per_micro = (2 * weight_bytes + w.gradient_bytes * w.trainable_params) / layout.shard_group
-    if w.objective == "dpo":
-        per_micro += BF16 * w.model.params / layout.shard_group
-    return layout.grad_accum * per_micro / gpu.host_bytes_per_s
+    copied_in = 2 * stored * w.model.params + (BF16 * w.model.params if w.objective == "dpo" else 0)
+    copied_out = w.gradient_bytes * w.trainable_params
+    per_micro = max(copied_in, copied_out) / layout.shard_group
+    return layout.grad_accum * per_micro * cal.host_copy_slowdown / gpu.host_bytes_per_s
 
 
 def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estimate:
@@ -617,10 +620,11 @@ def estimate(w: Workload, layout: Layout, pool: Pool, cal: Calibration) -> Estim
     shard, replica = groups(layout, pool)
     comm = step_comm(w.model.layers, micro, unit_compute(w, layout, cal, gpu), unit_bytes(w), shard, replica, pool,
                      layout.reshard_after_forward, cal.sync_jitter, forwards=w.forward_passes)
-    copies = offload_seconds(w, layout, gpu)
-    # offload copies are prefetched under the compute the collectives leave
-    exposed_copies = max(0.0, copies - max(0.0, compute - (comm.total_seconds - comm.exposed_seconds)))
-    hidden = comm.total_seconds - comm.exposed_seconds + copies - exposed_copies
+    copies = offload_seconds(w, layout, gpu, cal)
+    # FSDP2 copies a block's shard in as it gathers it: on the runs measured (offload_fit) the copies added to
+    # the compute, none hidden under it
+    exposed_copies = copies
+    hidden = comm.total_seconds - comm.exposed_seconds
     step = compute + opt + comm.exposed_seconds + exposed_copies + cal.comm_interference * hidden + comm.sync_seconds
     host = host_state_bytes(w, layout)
     on_link: dict[Link, tuple[float, float]] = {}  # (total, exposed) seconds per link

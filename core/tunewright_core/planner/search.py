@@ -425,7 +425,8 @@ def _communication(e: Estimate) -> str:
 
 def prediction_band(w: Workload, c: Candidate, pool: Pool, evidence: Evidence) -> PredictionBand:
     b = band(evidence, pool.gpu.name, c.layout.gpus, pool.inter_node if c.layout.nodes > 1 else None, w.seq_len,
-             w.method, pool.gpu.windows_on(c.layout.gpus), w.objective, w.optimizer_state, w.precision)
+             w.method, pool.gpu.windows_on(c.layout.gpus), w.objective, w.optimizer_state, w.precision,
+             c.layout.cpu_offload)
     (tps_low, tps_high), (step_low, step_high) = b.around(c.tokens_per_second), b.around(c.estimate.step_seconds, True)
     (duration_low, duration_high), (cost_low, cost_high) = (b.around(c.duration_seconds, True),
                                                             b.around(c.cost_usd, True))
@@ -486,6 +487,7 @@ def _to_plan(w: Workload, c: Candidate, best: Candidate, pool: Pool, objective: 
         f"{e.matmul_seconds:.3f} matmul + {e.memory_bound_seconds:.3f} memory-bound + "
         f"{e.optimizer_seconds:.3f} optimizer + {e.exposed_comm_seconds:.3f} exposed communication "
         f"({_communication(e)})"
+        f"{f' + {e.exposed_offload_seconds:.3f} exposed host copies' if lay.cpu_offload else ''}"
         f"{f' + {e.sync_seconds:.3f} waiting for the slowest of {lay.gpus} ranks' if e.sync_seconds else ''}; "
         f"{c.tokens_per_second:,.0f} tokens/s, MFU {mfu:.0%}, {math.ceil(c.duration_seconds / 60)} min, "
         f"${c.cost_usd:,.2f}."
