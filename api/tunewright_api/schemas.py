@@ -22,6 +22,7 @@ from pydantic import (
     PrivateAttr,
     RootModel,
     Tag,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -358,6 +359,12 @@ class OpenAIHyperparameters(BaseModel):
     learning_rate_multiplier: float | Literal["auto"] = Field(
         default="auto", description="Times the method's base learning rate (supervised: 2e-4 for lora, 2e-5 for "
                                     "full; dpo: 1e-5 for lora, 1e-6 for full).")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_is_auto(cls, value: object) -> object:
+        """null as "auto": the official client's model_dump() of hyperparameters it was not given."""
+        return "auto" if value is None else value
 
 
 class OpenAIDpoHyperparameters(OpenAIHyperparameters):

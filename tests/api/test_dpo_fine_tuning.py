@@ -101,6 +101,9 @@ def test_fine_tuning_takes_dpo_as_openai_does_and_answers_it_back(api, tiny_mode
     assert auto.status_code == 200, auto.text
     assert auto.json()["method"]["dpo"]["hyperparameters"]["beta"] == 0.1
     assert alice.get(f"/v1/jobs/{auto.json()['id']}").json()["spec"]["method"]["type"] == "full"
+    nulls = create(alice, tiny_models, pairs, {"type": "dpo", "dpo": {"hyperparameters": {  # the SDK's model_dump()
+        "beta": None, "batch_size": None, "n_epochs": None, "learning_rate_multiplier": None}}})
+    assert nulls.status_code == 200 and nulls.json()["method"]["dpo"]["hyperparameters"]["beta"] == 0.1, nulls.text
     bare = create(alice, tiny_models, pairs, {"type": "dpo"})
     assert bare.status_code == 200 and bare.json()["method"]["type"] == "dpo", bare.text
     listed = alice.get("/v1/fine_tuning/jobs").json()["data"]
