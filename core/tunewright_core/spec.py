@@ -457,7 +457,8 @@ class Predicted(CamelModel):
     comm_seconds: float = Field(description="Collectives in a step, overlapped or not.")
     exposed_comm_seconds: float = Field(description="Collectives no compute overlaps.")
     offload_seconds: float = Field(description="Host-device copies of offloaded states.")
-    exposed_offload_seconds: float = Field(description="Host-device copies no compute overlaps.")
+    exposed_offload_seconds: float = Field(description="Host-device copies no compute overlaps (all of them: the "
+                                                       "runs measured hid none).")
     host_memory_gib_per_node: float = Field(description="Offloaded states per node.")
     comm_share: float = Field(description="Share of the step in collectives.")
     exposed_comm_share: float = Field(description="Share of the step in collectives no compute overlaps.")

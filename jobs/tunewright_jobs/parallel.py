@@ -182,11 +182,11 @@ def place_frozen(cfg: JobConfig, model: torch.nn.Module, dist: Dist) -> torch.nn
 
     model.requires_grad_(False).eval()
     dtype = compute_dtype(cfg, dist.device)
+    for p in model.parameters():  # stored as it computes, sharded and offloaded too: half an fp32 copy's bytes
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
     offload = cfg.strategy.cpu_offload
     if mesh_shape(cfg, dist.world_size)[-1] == 1 and not offload:
-        for p in model.parameters():
-            if p.is_floating_point():
-                p.data = p.data.to(dtype)
         return model.to(dist.device)
     options = {"mesh": device_mesh(cfg, dist),
                "mp_policy": MixedPrecisionPolicy(param_dtype=dtype),

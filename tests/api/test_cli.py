@@ -128,6 +128,8 @@ def test_lists_say_when_they_are_empty_and_plans_name_the_flag(server, user, tmp
     assert code == 0 and json.loads(out)["hostMemoryGiB"] == 2048 and json.loads(out)["learnLinks"] is False
     code, out, _ = run(capsys, *user, "files", "upload", TRAIN, "-o", "json", VALIDATION)  # and between targets
     assert code == 0 and [f["filename"] for f in json.loads(out)] == ["train.jsonl", "validation.jsonl"]
+    code, out, _ = run(capsys, *user, "files", "upload", TRAIN, "-o", "json", "--", VALIDATION)
+    assert code == 0 and [f["filename"] for f in json.loads(out)] == ["train.jsonl", "validation.jsonl"]
     with pytest.raises(SystemExit) as refused:  # argparse's own exit, as for every usage error it finds
         run(capsys, *user, "files", "list", "--bogus")
     assert refused.value.code == 2 and "tunewright: error: unrecognized arguments: --bogus" in \

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tunewright_api.diagnosis import Observed, diagnose
+from tunewright_api.diagnosis import Observed, diagnose, measured_components, predicted_components
 from tunewright_core.planner import calibration
 from tunewright_core.planner.estimate import estimate
 from tunewright_core.spec import JobPlan, Predicted, RejectedOption
@@ -73,6 +73,32 @@ def slow_link(row: dict, factor: float) -> Observed:
              "forward_backward_seconds": row["forward_backward_seconds_median"] + extra,
              "optimizer_seconds": row["optimizer_seconds_median"]}
     return Observed(steps=100, points=[point] * 5, comm=comm, checkpoint_seconds=0, held_seconds=None)
+
+
+def test_offloaded_copies_are_predicted_where_the_gpu_idles_through_them():
+    """Host copies are memcpys, not kernels: a profiled window shows them as the GPU idling, counted with the
+    memory-bound work. The prediction puts them there too, so an offloaded run on plan reads on plan, not as
+    communication far under its prediction and memory-bound work far over."""
+    plan = plan_for(OFFLOAD_1B)
+    p = plan.predicted
+    assert p.exposed_offload_seconds > 0.1 and p.exposed_comm_seconds == 0
+    predicted = predicted_components(plan)
+    assert predicted["memory-bound and launches"] == pytest.approx(p.memory_bound_seconds + p.exposed_offload_seconds)
+    assert predicted["exposed communication"] == 0
+    # the run as the plan has it, profiled: products, other kernels, and the GPU idle through the copies
+    fb = p.matmul_seconds + p.memory_bound_seconds + p.exposed_offload_seconds
+    window = fb + p.optimizer_seconds
+    comm = {"matmul_seconds_per_step": p.matmul_seconds, "attention_seconds_per_step": 0.0,
+            "other_compute_seconds_per_step": p.memory_bound_seconds + p.optimizer_seconds,
+            "gpu_busy_share": 1 - p.exposed_offload_seconds / window, "profiled_step_seconds": window,
+            "exposed_comm_seconds_per_step": 0.0}
+    point = {"step_seconds": window, "data_seconds": 0.0, "forward_backward_seconds": fb,
+             "optimizer_seconds": p.optimizer_seconds}
+    observed = Observed(steps=100, points=[point] * 5, comm=comm, checkpoint_seconds=0, held_seconds=None)
+    measured = measured_components(observed)
+    assert measured["memory-bound and launches"] == pytest.approx(predicted["memory-bound and launches"], rel=1e-6)
+    found = diagnose(plan, observed)
+    assert found.status == "on plan" and found.explains_gap is None, found.findings
 
 
 @pytest.mark.parametrize(("case", "plan", "observed", "status", "dominant", "explains", "finding"), [

@@ -170,6 +170,27 @@ def test_a_reference_is_where_the_weights_start(tmp_path):
         str(tmp_path / "base"), "main")
 
 
+@pytest.mark.parametrize(("strategy", "offload"), [("fsdp", False), ("single", True), ("ddp", False)])
+def test_the_full_reference_is_stored_in_its_compute_dtype_however_it_is_placed(tiny_models, tmp_path, monkeypatch,
+                                                                               strategy, offload):
+    """Sharded or offloaded, the reference's weights reach FSDP in bf16, as the planner counts them (2 bytes a
+    weight), not as the fp32 policy they were copied from."""
+    import tunewright_jobs.parallel as parallel
+
+    handed = []
+    monkeypatch.setattr(parallel, "device_mesh", lambda cfg, dist: None)
+    monkeypatch.setattr(parallel, "_shard_blocks", lambda model, options, dist, offload: handed.append(model) or model)
+    workers = 1 if strategy == "single" else 2
+    cfg = dpo_config(tiny_models["llama"], tmp_path, sentiment_pairs(4, seed=0, shape="text"),
+                     method={"type": "full"}, strategy={"type": strategy, "num_workers": workers, "micro_batch_size": 1,
+                                                        "cpu_offload": offload, "use_gpu": offload, "precision": "bf16"})
+    model = load_model(cfg)
+    placed = reference_copy(cfg, model, Dist(0, workers, 0, torch.device("cpu")))
+    assert bool(handed) == (strategy == "fsdp" or offload)  # ddp: whole on each rank
+    assert {p.dtype for p in placed.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and not any(p.requires_grad for p in placed.parameters())
+
+
 # --- the loss, against TRL's -----------------------------------------------------------------------------
 
 

@@ -93,7 +93,7 @@ def test_the_band_widens_where_the_plan_extrapolates(gpu, gpus, network, seq_len
 def test_the_band_widens_for_cpu_offload_whose_copies_one_run_fitted():
     offloaded, not_offloaded = (band(EVIDENCE, "H200", 1, None, 2048, "lora", cpu_offload=o) for o in (True, False))
     assert math.log(offloaded.high) == pytest.approx(math.log(not_offloaded.high) * 1.25)
-    assert "CPU offload (its copies' rate fitted on one Llama-8B LoRA run on an H100" in offloaded.basis
+    assert "CPU offload (its copies' rate fitted on one Llama-8B LoRA run on one H100" in offloaded.basis
     assert "within what was measured" in not_offloaded.basis
 
 

@@ -638,8 +638,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if rest and isinstance(getattr(args, "target", None), list) and not any(a.startswith("-") for a in rest):
-        args.target += rest  # `files upload a.jsonl -o json b.jsonl`: argparse ends a list at its first option
+    # `files upload a.jsonl -o json b.jsonl`: argparse ends a list at its first option; what is left joins it
+    # (after a `--`, whatever it starts with)
+    dashes = rest.index("--") if "--" in rest else len(rest)
+    options, plain = [a for a in rest[:dashes] if a.startswith("-")], rest[:dashes] + rest[dashes + 1:]
+    if plain and not options and isinstance(getattr(args, "target", None), list):
+        args.target += plain
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

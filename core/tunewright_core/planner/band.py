@@ -33,7 +33,7 @@ UNMEASURED_OBJECTIVE = 1.25  # dpo: its step is sft's terms applied to the work 
 UNMEASURED_FP8 = 1.5  # fp8: its casts fitted on one LoRA run, checked on one other; no full fine-tune measured
 UNMEASURED_LIGHT_STATE = 1.25  # optimizer_state bf16 on several GPUs: the sharded step is counted, not measured
 UNMEASURED_QLORA = 1.25  # qlora: its dequantization term fitted on one run, checked on two (70B and 8B, one H100)
-UNMEASURED_OFFLOAD = 1.25  # cpu offload: the copies' rate fitted on one run, checked on one other (step +3%)
+UNMEASURED_OFFLOAD = 1.25  # cpu offload: the copies' rate fitted on one run, checked on one other (step +2.8%)
 LEARNED_ENOUGH = 3  # profiler windows of a pool's own jobs that stand for a run measured on its GPU
 
 
@@ -101,8 +101,8 @@ def band(evidence: Evidence, gpu: str, gpus: int, network: Link | None, seq_len:
                        "8B run on an H100 held out, within 2.2%)")
     if cpu_offload:
         widen *= UNMEASURED_OFFLOAD
-        reasons.append("CPU offload (its copies' rate fitted on one Llama-8B LoRA run on an H100; a Llama-1B full "
-                       "run on an H200 held out: step +3%, its forward and backward +18%)")
+        reasons.append("CPU offload (its copies' rate fitted on one Llama-8B LoRA run on one H100; a Llama-1B full "
+                       "run on one H200 held out: step +3%, its forward and backward +15%; none across GPUs)")
     if precision == "fp8":
         widen *= UNMEASURED_FP8
         reasons.append("fp8 products (their casts fitted on one Llama-8B LoRA run on one H100; no full fine-tune "
