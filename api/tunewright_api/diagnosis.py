@@ -68,11 +68,12 @@ def measured_components(obs: Observed) -> dict[str, float]:
     out = {"data wait": data, "optimizer and host": optimizer, "exposed communication": exposed}
     if comm.get("matmul_seconds_per_step") is not None:
         # the window's kernels: matrix products and attention are the planner's matmul time; the rest of the
-        # compute less the optimizer's kernels, and the time the GPU idled (launches, the host), its
-        # memory-bound time; scaled from the profiled step to the measured one
+        # kernels and the time the GPU idled (launches, host copies), less the optimizer step (its kernels, or
+        # idle time when the host runs it) and the data wait, its memory-bound time; scaled from the profiled
+        # step to the measured one
         window = comm["profiled_step_seconds"]
         idle = max(0.0, 1 - comm["gpu_busy_share"]) * window
-        memory_bound = max(0.0, comm["other_compute_seconds_per_step"] - optimizer) + idle
+        memory_bound = max(0.0, comm["other_compute_seconds_per_step"] + idle - optimizer - data)
         matmul = comm["matmul_seconds_per_step"] + comm["attention_seconds_per_step"]
         scale = max(0.0, forward_backward - exposed) / max(matmul + memory_bound, 1e-9) if forward_backward else 1.0
         scale = scale if 0.5 < scale < 2 else 1.0  # a window far from the recent steps: as measured

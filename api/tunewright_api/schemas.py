@@ -349,7 +349,8 @@ class JobTelemetryReport(NativeAnswer):
 
 
 class OpenAIHyperparameters(BaseModel):
-    """OpenAI's hyperparameters: asked for ("auto": tunewright chooses), and answered as chosen."""
+    """OpenAI's hyperparameters: asked for ("auto": tunewright chooses; null is read as "auto", as the official
+    client's model_dump() gives the ones it was not given), and answered as chosen."""
 
     model_config = ConfigDict(extra="forbid")  # a misspelt key is refused, not ignored
 

@@ -589,13 +589,15 @@ def unit_bytes(w: Workload) -> UnitBytes:
 def offload_seconds(w: Workload, layout: Layout, gpu: GPU, cal: Calibration) -> float:
     """Host <-> GPU copies per step: each block's shard copied in for forward and again for backward, the root's
     (embeddings, head) once (FSDP2 keeps it gathered to the end of backward); dpo: the reference's bf16 weights for
-    its forward too; the gradients copied out. The two directions at once, each at the card's host link rate over
-    `cal.host_copy_slowdown` (what FSDP2's per-block copies reach)."""
+    its forward too (LoRA's is the policy's own base: its blocks again, its root still gathered); the gradients
+    copied out. The two directions at once, each at the card's host link rate over `cal.host_copy_slowdown` (what
+    FSDP2's per-block copies reach)."""
     if not layout.cpu_offload:
         return 0.0
     stored = FP32 if w.method == "full" and not w.bf16_state else BF16
-    copied_in = (stored * (2 * w.model.params - w.model.params_outside_blocks)
-                 + (BF16 * w.model.params if w.objective == "dpo" else 0))
+    root = w.model.params_outside_blocks
+    reference = (BF16 * (w.model.params - (0 if w.reference_copy else root)) if w.objective == "dpo" else 0)
+    copied_in = stored * (2 * w.model.params - root) + reference
     copied_out = w.gradient_bytes * w.trainable_params
     per_micro = max(copied_in, copied_out) / layout.shard_group
     return layout.grad_accum * per_micro * cal.host_copy_slowdown / gpu.host_bytes_per_s
