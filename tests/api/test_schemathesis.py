@@ -41,12 +41,12 @@ def test_no_sequence_of_calls_produces_a_server_error(tmp_path, tiny_models, mon
     """Stateful: calls chained by the schema's links (upload → job → get, cancel, events...; token → revoke;
     pool → get), with ids from earlier answers. Job bodies get a real model and dataset half the time, so
     jobs exist and their routes are reached with live ids, not only with 404s. A replayed sequence must be
-    answered as the first time was: a generated hub model is refused without asking the hub, whose answer
-    (or silence) would differ between runs."""
+    answered as the first time was (hypothesis checks): each example is a tenant of its own, with its own
+    training file, so what an earlier example made, cancelled or deleted (its jobs in a list, the file) is not
+    in its answers; the admin's routes (pools, tokens) keep the admin's token. A generated hub model is refused
+    without asking the hub, whose answer (or silence) would differ between runs."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with Server(tmp_path / "data", local_ray=False, max_running_jobs=0) as live:  # jobs are made, none trains
-        with live.client() as admin:
-            train = upload(admin, TRAIN).json()["id"]
         schema = schemathesis.openapi.from_url(f"{live.url}/openapi.json")
         base = schema.as_state_machine()
         transitions = [name for name in vars(base) if "__" in name and not name.startswith(("_", "RANDOM"))]
@@ -54,11 +54,18 @@ def test_no_sequence_of_calls_produces_a_server_error(tmp_path, tiny_models, mon
         for target in ("GET_v1_fine_tuning_jobs", "POST_v1_jobs_job_id_cancel", "DELETE_v1_tokens_token_id",
                        "GET_v1_pools_name", "DELETE_v1_files_file_id"):
             assert target in linked, target  # the schema links these to what creates their resource
-        created, pool_names = [], itertools.count()
+        created, pool_names, tenants = [], itertools.count(), itertools.count()
 
         class Scenario(base):
+            def __init__(self):
+                super().__init__()
+                with live.tenant(f"example-{next(tenants)}") as client:
+                    self.token = client.headers["Authorization"].removeprefix("Bearer ")
+                    self.train = upload(client, TRAIN).json()["id"]
+
             def get_call_kwargs(self, case):
-                return {"headers": {"Authorization": f"Bearer {ADMIN}"}}
+                admin = case.path.startswith(("/v1/pools", "/v1/tokens"))
+                return {"headers": {"Authorization": f"Bearer {ADMIN if admin else self.token}"}}
 
             def before_call(self, case):
                 # the server must answer a replayed sequence as it did the first time (hypothesis checks):
@@ -71,9 +78,9 @@ def test_no_sequence_of_calls_produces_a_server_error(tmp_path, tiny_models, mon
                 elif len(json.dumps(body, default=str)) % 2:
                     return
                 elif case.path == "/v1/jobs":
-                    body.update(tiny_spec(tiny_models["gpt2"], train))
+                    body.update(tiny_spec(tiny_models["gpt2"], self.train))
                 elif case.path == "/v1/fine_tuning/jobs":
-                    body.update(model=str(tiny_models["gpt2"]), training_file=train)
+                    body.update(model=str(tiny_models["gpt2"]), training_file=self.train)
 
             def after_call(self, response, case):
                 super().after_call(response, case)
