@@ -271,13 +271,28 @@ FITTED_ELSEWHERE = {"nf4_dequant_bytes_per_param": "qlora_check_h200",  # qlora_
                     "host_copy_slowdown": "qlora_check_h100"}  # offload_fit
 
 
+# a report's columns after the run, its result file, its card and its set: (header, the cell of a compared row)
+Columns = list[tuple[str, Callable[[dict], str]]]
+
+
+def constant_report(field: str, constant: float, columns: Columns, rows: list[dict]) -> str:
+    """A fitted constant's value, then a table of the runs compared against it (qlora_fit's, fp8_fit's,
+    offload_fit's rows: run, source, chip, fit_set and their own)."""
+    head = ["run", "source", "card", "set", *(name for name, _ in columns)]
+    lines = [f"{field} = {constant:.3f}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["run"], r["source"], r["chip"], "fit" if r["fit_set"] else "held out", *(cell(r) for _, cell in columns)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def constant_fitter(argv: list[str] | None, description: str, field: str,
                     load_runs: Callable[[list[Path]], list], in_fit_set: Callable[[Any], bool],
                     fit: Callable[[list, Calibration, GPU], float],
-                    report: Callable[[list, Calibration, GPU], str]) -> int:
+                    compare: Callable[[list, Calibration, GPU], list[dict]], columns: Columns) -> int:
     """The command line of a fitter of one constant: `fit` writes it into the calibration file, with its fit set's
     result files as its sources (in place of those whose names start with its FITTED_ELSEWHERE prefix); both print
-    `report`."""
+    `compare`'s rows as `constant_report` does."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["fit", "report"])
     parser.add_argument("measurements", nargs="+", type=Path)
@@ -290,7 +305,7 @@ def constant_fitter(argv: list[str] | None, description: str, field: str,
         calibration = replace(calibration, **{field: fit(runs, calibration, gpu)})
         update(args.calibration, {field: getattr(calibration, field)},
                sorted({r.source for r in runs if in_fit_set(r)}), replacing=FITTED_ELSEWHERE[field])
-    print(report(runs, calibration, gpu))
+    print(constant_report(field, getattr(calibration, field), columns, compare(runs, calibration, gpu)))
     return 0
 
 

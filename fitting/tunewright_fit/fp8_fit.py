@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tunewright_core.planner.calibration import for_gpu
 from tunewright_core.planner.estimate import Calibration, estimate
-from tunewright_fit.calibration_fit import constant_fitter, fit_constant, measured_pool
+from tunewright_fit.calibration_fit import Columns, constant_fitter, fit_constant, measured_pool
 from tunewright_fit.chip_check import Run, load_runs
 
 
@@ -56,18 +56,13 @@ def compare(runs: list[Run], calibration: Calibration) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], constant: float) -> str:
-    lines = [f"fp8_activation_cast_bytes = {constant:.3f}", "",
-             "| run | source | card | set | measured tok/s | predicted | error |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['run']} | {r['source']} | {r['chip']} | {'fit' if r['fit_set'] else 'held out'} | "
-              f"{r['measured']:,.0f} | {r['predicted']:,.0f} | {r['error']:+.1%} |" for r in rows]
-    return "\n".join(lines)
+COLUMNS: Columns = [("measured tok/s", lambda r: f"{r['measured']:,.0f}"),
+                     ("predicted", lambda r: f"{r['predicted']:,.0f}"), ("error", lambda r: f"{r['error']:+.1%}")]
 
 
 def main(argv: list[str] | None = None) -> int:
     return constant_fitter(argv, __doc__, "fp8_activation_cast_bytes", fp8_runs, in_fit_set,
-                           lambda runs, c, _gpu: fit(runs, c),
-                           lambda runs, c, _gpu: markdown(compare(runs, c), c.fp8_activation_cast_bytes))
+                           lambda runs, c, _gpu: fit(runs, c), lambda runs, c, _gpu: compare(runs, c), COLUMNS)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from tunewright_core.planner.hardware import GPU, gpu_from_product_name
 from tunewright_fit.calibration_fit import (
     FITTED_ELSEWHERE,
     MEASURED_MODELS,
+    Columns,
     constant_fitter,
     fit_constant,
     load_measurements,
@@ -109,23 +111,21 @@ def compare(runs: list[Run], calibration: Calibration, gpu: GPU) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], constant: float) -> str:
-    lines = [f"{FIELD} = {constant:.3f}", "",
-             "| run | source | chip | set | step s | predicted | error | copies s | fwd+bwd s | predicted | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        timed = r["forward_backward_seconds"] is not None
-        lines.append(f"| {r['run']} | {r['source']} | {r['chip']} | {'fit' if r['fit_set'] else 'held out'} | "
-                     f"{r['step_seconds']:.3f} | {r['predicted_step_seconds']:.3f} | {r['step_error']:+.1%} | "
-                     f"{r['copies_seconds']:.3f} | "
-                     + (f"{r['forward_backward_seconds']:.3f} | {r['predicted_forward_backward_seconds']:.3f} | "
-                        f"{r['forward_backward_error']:+.1%} |" if timed else "- | - | - |"))
-    return "\n".join(lines)
+def _seconds(key: str) -> Callable[[dict], str]:
+    return lambda r: "-" if r[key] is None else f"{r[key]:.3f}"
+
+
+COLUMNS: Columns = [
+    ("step s", _seconds("step_seconds")), ("predicted", _seconds("predicted_step_seconds")),
+    ("error", lambda r: f"{r['step_error']:+.1%}"), ("copies s", _seconds("copies_seconds")),
+    ("fwd+bwd s", _seconds("forward_backward_seconds")),
+    ("predicted", lambda r: f"{r['predicted_forward_backward_seconds']:.3f}" if r["forward_backward_seconds"] else "-"),
+    ("error", lambda r: "-" if r["forward_backward_error"] is None else f"{r['forward_backward_error']:+.1%}"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
-    return constant_fitter(argv, __doc__, FIELD, load_runs, lambda r: r.in_fit_set, fit,
-                           lambda runs, c, gpu: markdown(compare(runs, c, gpu), c.host_copy_slowdown))
+    return constant_fitter(argv, __doc__, FIELD, load_runs, lambda r: r.in_fit_set, fit, compare, COLUMNS)
 
 
 if __name__ == "__main__":

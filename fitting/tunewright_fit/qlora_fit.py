@@ -24,7 +24,13 @@ from tunewright_core.planner.calibration import for_gpu
 from tunewright_core.planner.estimate import Calibration, Layout, Workload, estimate
 from tunewright_core.planner.hardware import GIB, GPU, gpu_from_product_name
 from tunewright_core.planner.models import CATALOG
-from tunewright_fit.calibration_fit import MEASURED_MODELS, constant_fitter, fit_constant, measured_pool
+from tunewright_fit.calibration_fit import (
+    MEASURED_MODELS,
+    Columns,
+    constant_fitter,
+    fit_constant,
+    measured_pool,
+)
 
 MODELS = {"llama-8b": MEASURED_MODELS["llama-8b"], "llama-70b": CATALOG["meta-llama/Llama-3.1-70B"]}
 COMPILED = "compile: decoder blocks"  # the runtime's kernel line for compiled blocks
@@ -96,22 +102,17 @@ def compare(runs: list[Run], calibration: Calibration, gpu: GPU) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], constant: float) -> str:
-    lines = [f"nf4_dequant_bytes_per_param = {constant:.3f}", "",
-             "| run | source | set | blocks | step s | predicted | error | peak GiB | predicted | error |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['run']} | {r['source']} | {'fit' if r['fit_set'] else 'held out'} | "
-                     f"{'compiled' if r['compiled'] else 'eager'} | {r['step_seconds']:.3f} | "
-                     f"{r['predicted_step_seconds']:.3f} | {r['step_error']:+.1%} | {r['peak_memory_gib']:.1f} | "
-                     f"{r['predicted_peak_memory_gib']:.1f} | {r['memory_error']:+.1%} |")
-    return "\n".join(lines)
+COLUMNS: Columns = [
+    ("blocks", lambda r: "compiled" if r["compiled"] else "eager"),
+    ("step s", lambda r: f"{r['step_seconds']:.3f}"), ("predicted", lambda r: f"{r['predicted_step_seconds']:.3f}"),
+    ("error", lambda r: f"{r['step_error']:+.1%}"), ("peak GiB", lambda r: f"{r['peak_memory_gib']:.1f}"),
+    ("predicted", lambda r: f"{r['predicted_peak_memory_gib']:.1f}"), ("error", lambda r: f"{r['memory_error']:+.1%}"),
+]
 
 
 def main(argv: list[str] | None = None) -> int:
     return constant_fitter(argv, __doc__, "nf4_dequant_bytes_per_param", load_runs,
-                           lambda r: r.in_fit_set, fit,
-                           lambda runs, c, gpu: markdown(compare(runs, c, gpu), c.nf4_dequant_bytes_per_param))
+                           lambda r: r.in_fit_set, fit, compare, COLUMNS)
 
 
 if __name__ == "__main__":
